@@ -1,0 +1,171 @@
+"""JSON Schema 2020-12 validation against the versioned schemas shipped in `trace_cli.schemas`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from trace_cli.errors import ValidationError
+
+SCHEMA_BASE = "https://trace-cli.dev/schemas/"
+
+# Which schema validates a document with a given top-level `kind`.
+SCHEMA_BY_KIND: dict[str, str] = {
+    "recipe": "recipe.v1.json",
+    "manifest": "manifest.v1.json",
+    "episode": "episode.v1.json",
+}
+
+
+def _schema_files() -> dict[str, Any]:
+    root = resources.files("trace_cli.schemas")
+    found: dict[str, Any] = {}
+    for entry in root.iterdir():
+        if entry.name.endswith(".json"):
+            found[entry.name] = entry
+    cfg = root / "config"
+    if cfg.is_dir():
+        for entry in cfg.iterdir():
+            if entry.name.endswith(".json"):
+                found[f"config/{entry.name}"] = entry
+    return found
+
+
+@cache
+def _registry():
+    from referencing import Registry, Resource
+
+    resources_ = []
+    for _name, entry in _schema_files().items():
+        doc = json.loads(entry.read_text(encoding="utf-8"))
+        resources_.append((doc["$id"], Resource.from_contents(doc)))
+    return Registry().with_resources(resources_)
+
+
+@cache
+def load_schema(name: str) -> dict[str, Any]:
+    """Load a schema by file name (`recipe.v1.json`, `config/ingest.v1.json`)."""
+    files = _schema_files()
+    if name not in files:
+        raise KeyError(f"no schema named {name!r}; have {sorted(files)}")
+    return json.loads(files[name].read_text(encoding="utf-8"))
+
+
+def stage_config_schemas() -> dict[str, str]:
+    """Stage name -> its config schema file, for every `config/<stage>.v1.json` shipped."""
+    return {
+        n.split("/", 1)[1].split(".")[0]: n for n in _schema_files() if n.startswith("config/")
+    }
+
+
+def format_path(path: Iterable[Any]) -> str:
+    """['steps', 1, 'with', 'lora', 'rank'] -> 'steps[1].with.lora.rank' ('<root>' when empty)."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "<root>"
+
+
+def _messages(error) -> list[tuple[list[Any], str]]:
+    """One (path, message) per problem; unknown keys become one error each, at their own path."""
+    path = list(error.absolute_path)
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        allowed = set(error.schema.get("properties", {}))
+        patterns = error.schema.get("patternProperties", {})
+        import re
+
+        extra = [
+            k for k in error.instance if k not in allowed and not any(re.search(p, k) for p in patterns)
+        ]
+        if extra:
+            hint = f" (allowed: {', '.join(sorted(allowed))})" if allowed else ""
+            return [(path + [k], f"unknown key{hint}") for k in extra]
+    if error.validator == "unevaluatedProperties" and isinstance(error.instance, dict):
+        return [(path, error.message)]
+    if error.validator in ("oneOf", "anyOf") and error.context:
+        # Report the branch that got furthest, which is what the user most likely meant.
+        from jsonschema.exceptions import best_match
+
+        best = best_match(error.context)
+        return _messages(best)
+    return [(path, error.message)]
+
+
+def validate(doc: Any, schema_name: str, *, source: str | None = None) -> None:
+    """Raise ValidationError listing every problem as `path: message`; return None when valid."""
+    from jsonschema import Draft202012Validator
+
+    schema = load_schema(schema_name)
+    validator = Draft202012Validator(schema, registry=_registry())
+    problems: list[tuple[list[Any], str]] = []
+    for err in sorted(validator.iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path]):
+        problems.extend(_messages(err))
+    if problems:
+        seen: list[str] = []
+        for p, m in problems:
+            line = f"{format_path(p)}: {m}"
+            if line not in seen:
+                seen.append(line)
+        raise ValidationError(seen, source=source)
+
+
+def schema_for(doc: Any, path: Path | None = None) -> str:
+    """Pick the schema for a document by its `kind` (stage configs use the stage name as kind)."""
+    from trace_cli.errors import UsageError
+
+    if path is not None and path.name == "manifest.yaml":
+        return SCHEMA_BY_KIND["manifest"]
+    if not isinstance(doc, dict):
+        raise UsageError(f"{path or 'document'}: expected a mapping with a `kind` key at the top")
+    kind = doc.get("kind")
+    if kind in SCHEMA_BY_KIND:
+        return SCHEMA_BY_KIND[kind]
+    stages = stage_config_schemas()
+    if kind in stages:
+        return stages[kind]
+    known = sorted(set(SCHEMA_BY_KIND) | set(stages))
+    raise UsageError(
+        f"{path or 'document'}: unknown or missing `kind` ({kind!r}); expected one of: {', '.join(known)}"
+    )
+
+
+def validate_file(path: str | Path) -> str:
+    """Validate one YAML/JSON file (or each line of a .jsonl file) by its kind; return the schema used."""
+    from trace_cli.config.loading import load_document
+    from trace_cli.errors import InputError
+
+    p = Path(path)
+    if p.suffix == ".jsonl":
+        errors: list[str] = []
+        if not p.exists():
+            from trace_cli.errors import NotFoundError
+
+            raise NotFoundError(f"{p}: no such file")
+        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                errors.append(f"line {i}: invalid JSON: {e.msg}")
+                continue
+            try:
+                validate(rec, SCHEMA_BY_KIND["episode"])
+            except ValidationError as ve:
+                errors.extend(f"line {i}: {e}" for e in ve.errors)
+        if errors:
+            raise ValidationError(errors, source=str(p))
+        return SCHEMA_BY_KIND["episode"]
+    doc = load_document(p)
+    if doc is None:
+        raise InputError(f"{p}: the file is empty")
+    name = schema_for(doc, p)
+    validate(doc, name, source=str(p))
+    return name

@@ -1,0 +1,95 @@
+"""What every stage shares: config defaults + validation, content-derived ids, skip-if-up-to-date."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+from trace_cli.config.schemas import load_schema, validate
+from trace_cli.store import Artifact, Store
+
+
+def apply_defaults(config: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    """Fill `default`s from the schema (recursively into nested objects), so an omitted default and an
+    explicit one give the same config digest and the same artifact id."""
+    out = copy.deepcopy(config)
+    props = schema.get("properties", {})
+    for key, sub in props.items():
+        if key not in out and "default" in sub:
+            out[key] = copy.deepcopy(sub["default"])
+        if isinstance(out.get(key), dict) and sub.get("type") == "object":
+            out[key] = apply_defaults(out[key], sub)
+    return out
+
+
+def checked_config(stage: str, config: dict[str, Any], *, source: str | None = None) -> dict[str, Any]:
+    """Validate a stage config against `config/<stage>.v1.json` (all errors at once) and fill defaults."""
+    schema_name = f"config/{stage}.v1.json"
+    cfg = {k: v for k, v in (config or {}).items() if v is not None or k == "seed"}
+    validate(cfg, schema_name, source=source)
+    cfg = apply_defaults(cfg, load_schema(schema_name))
+    cfg.pop("kind", None)
+    return cfg
+
+
+@dataclass
+class Prepared:
+    """A stage invocation resolved before any compute: config, inputs with digests, and the output id."""
+
+    stage: str
+    config: dict[str, Any]  # the full config (with defaults), recorded in the manifest
+    id_config: dict[str, Any]  # what enters the id (e.g. file paths replaced by their content digests)
+    inputs: list[dict[str, Any]]
+    outputs: dict[str, str]  # output name -> artifact kind
+    id: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)  # resolved objects the run needs (artifacts, envs)
+
+    def finalize(self) -> Prepared:
+        self.id = Store.compute_id(self.stage, self.id_config, self.inputs)
+        return self
+
+    def existing(self, store: Store) -> dict[str, Artifact] | None:
+        """The outputs, if every one of them is already in the store (the step is up to date)."""
+        if not all(store.exists(kind, self.id) for kind in self.outputs.values()):
+            return None
+        return {name: store.get(kind, self.id) for name, kind in self.outputs.items()}
+
+
+@dataclass
+class Outcome:
+    outputs: dict[str, Artifact]
+    skipped: bool
+    prepared: Prepared
+
+    @property
+    def main(self) -> Artifact:
+        return next(iter(self.outputs.values()))
+
+
+def execute(
+    stage_name: str,
+    config: dict[str, Any],
+    store: Store,
+    *,
+    name: str | None = None,
+    overrides: list[dict[str, Any]] | None = None,
+    force: bool = False,
+) -> Outcome:
+    """Prepare (validate everything), then skip if up to date, else run. The one entry point for CLI and recipes."""
+    from trace_cli.stages import get_stage
+
+    mod = get_stage(stage_name)
+    prepared: Prepared = mod.prepare(config, store)
+    if name is not None:
+        store.check_name(name)
+    if not force:
+        found = prepared.existing(store)
+        if found is not None:
+            if name is not None:
+                main_kind = next(iter(prepared.outputs.values()))
+                store.set_name(main_kind, name, prepared.id)
+                store.index_add(found[next(iter(found))])
+            return Outcome(found, True, prepared)
+    outputs = mod.run(prepared, store, name=name, overrides=overrides or [], replace=force)
+    return Outcome(outputs, False, prepared)

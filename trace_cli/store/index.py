@@ -1,0 +1,180 @@
+"""The derived DuckDB index: tables `artifacts`, `lineage`, `names` and views over the Parquet files.
+
+The files are the truth; this index is rebuilt from manifests by `rebuild()` at any time. Connections are
+short-lived (DuckDB allows one writer process) and retried while another process holds the lock. The file
+is written in the v1.5 storage format so the plain `duckdb` CLI (1.5 LTS or 2.x) opens it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trace_cli.errors import StoreError, UsageError
+from trace_cli.store import layout
+from trace_cli.store.tables import TABLES, duck_type
+
+if TYPE_CHECKING:
+    from trace_cli.store.artifacts import Artifact, Store
+
+STORAGE_VERSION = "v1.5.0"
+_LOCK_WAIT_S = 30.0
+
+DDL = [
+    """CREATE TABLE IF NOT EXISTS artifacts (
+        id VARCHAR NOT NULL, kind VARCHAR NOT NULL, stage VARCHAR, created_at TIMESTAMP,
+        trace_cli_version VARCHAR, path VARCHAR, digest VARCHAR, config_digest VARCHAR,
+        config JSON, summary JSON, n_files INTEGER, bytes BIGINT, PRIMARY KEY (kind, id))""",
+    """CREATE TABLE IF NOT EXISTS lineage (
+        child_kind VARCHAR, child_id VARCHAR, parent_kind VARCHAR, parent_id VARCHAR, role VARCHAR,
+        parent_path VARCHAR, parent_digest VARCHAR)""",
+    """CREATE TABLE IF NOT EXISTS names (kind VARCHAR, name VARCHAR, id VARCHAR, PRIMARY KEY (kind, name))""",
+]
+
+
+def _connect(path: Path, read_only: bool = False):
+    import duckdb
+
+    deadline = time.monotonic() + _LOCK_WAIT_S
+    delay = 0.05
+    while True:
+        try:
+            if read_only:
+                return duckdb.connect(str(path), read_only=True)
+            return duckdb.connect(str(path), config={"storage_compatibility_version": STORAGE_VERSION})
+        except duckdb.IOException as e:
+            if "lock" not in str(e).lower() or time.monotonic() > deadline:
+                raise StoreError(f"cannot open {path}: {e}") from e
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+
+def _sql_str(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def _insert_artifact(con, store: Store, art: Artifact) -> None:
+    m = art.manifest
+    con.execute("DELETE FROM artifacts WHERE kind = ? AND id = ?", [art.kind, art.id])
+    con.execute("DELETE FROM lineage WHERE child_kind = ? AND child_id = ?", [art.kind, art.id])
+    files = m.get("files", [])
+    con.execute(
+        "INSERT INTO artifacts VALUES (?, ?, ?, CAST(? AS TIMESTAMPTZ), ?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            art.id,
+            art.kind,
+            m.get("stage"),
+            m.get("created_at"),
+            m.get("trace_cli_version"),
+            str(art.path),
+            m.get("digest"),
+            m.get("config_digest"),
+            json.dumps(m.get("config", {}), default=str),
+            json.dumps(m.get("summary", {}), default=str),
+            len(files),
+            sum(int(f.get("size", 0)) for f in files),
+        ],
+    )
+    rows = [
+        [art.kind, art.id, i.get("kind"), i.get("id"), i.get("role"), i.get("path"), i.get("digest")]
+        for i in m.get("inputs", [])
+    ]
+    if rows:
+        con.executemany("INSERT INTO lineage VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+
+
+def _refresh_names(con, store: Store) -> None:
+    con.execute("DELETE FROM names")
+    rows = [list(r) for r in store.names()]
+    if rows:
+        con.executemany("INSERT INTO names VALUES (?, ?, ?)", rows)
+
+
+def _refresh_views(con, store: Store, kinds: set[str] | None = None) -> None:
+    for spec in TABLES.values():
+        if kinds is not None and spec.kind not in kinds:
+            continue
+        rows = con.execute(
+            "SELECT path FROM artifacts WHERE kind = ? ORDER BY created_at, id", [spec.kind]
+        ).fetchall()
+        files = [str(Path(p) / spec.file) for (p,) in rows if (Path(p) / spec.file).is_file()]
+        if files:
+            lst = "[" + ", ".join(_sql_str(f) for f in files) + "]"
+            pattern = _sql_str(f"/{spec.kind}/([0-9a-f]{{16}})/[^/]+$")
+            sql = (
+                f"CREATE OR REPLACE VIEW {spec.view} AS SELECT * EXCLUDE (filename), "
+                f"regexp_extract(filename, {pattern}, 1) AS artifact_id "
+                f"FROM read_parquet({lst}, union_by_name = true, filename = true)"
+            )
+        else:
+            cols = ", ".join(f"CAST(NULL AS {duck_type(f.type)}) AS {f.name}" for f in spec.schema)
+            sql = f"CREATE OR REPLACE VIEW {spec.view} AS SELECT {cols}, CAST(NULL AS VARCHAR) AS artifact_id WHERE false"
+        con.execute(sql)
+
+
+def add_artifact(store: Store, art: Artifact) -> None:
+    """Index one newly committed artifact (rebuilds the whole index if it does not exist yet)."""
+    if not store.index_path.exists():
+        rebuild(store)
+        return
+    con = _connect(store.index_path)
+    try:
+        for ddl in DDL:
+            con.execute(ddl)
+        con.execute("BEGIN TRANSACTION")
+        _insert_artifact(con, store, art)
+        _refresh_names(con, store)
+        _refresh_views(con, store, {art.kind})
+        con.execute("COMMIT")
+    finally:
+        con.close()
+
+
+def rebuild(store: Store) -> dict[str, int]:
+    """Build a fresh index from the manifests into a temp file, then atomically replace the old one."""
+    store.ensure()
+    tmp = store.root / f".index-{os.getpid()}-{uuid.uuid4().hex[:6]}.duckdb"
+    arts = store.list()
+    con = _connect(tmp)
+    try:
+        for ddl in DDL:
+            con.execute(ddl)
+        for art in arts:
+            _insert_artifact(con, store, art)
+        _refresh_names(con, store)
+        _refresh_views(con, store)
+        counts = {"artifacts": len(arts), "names": len(store.names())}
+        counts["lineage"] = con.execute("SELECT count(*) FROM lineage").fetchone()[0]
+    finally:
+        con.close()
+    os.replace(tmp, store.index_path)
+    wal = Path(str(tmp) + ".wal")
+    if wal.exists():
+        os.replace(wal, Path(str(store.index_path) + ".wal"))
+    return counts
+
+
+def query(store: Store, sql: str, params: list[Any] | None = None) -> tuple[list[str], list[tuple]]:
+    """Run a read-only query against the index; returns (column names, rows)."""
+    import duckdb
+
+    if not store.index_path.exists():
+        if not store.root.exists():
+            raise UsageError(f"store {store.root} does not exist (nothing has been written yet)")
+        rebuild(store)
+    con = _connect(store.index_path, read_only=True)
+    try:
+        try:
+            cur = con.execute(sql, params or [])
+        except duckdb.Error as e:
+            raise UsageError(f"SQL error: {str(e).strip()}") from e
+        if cur.description is None:
+            return [], []
+        cols = [d[0] for d in cur.description]
+        return cols, cur.fetchall()
+    finally:
+        con.close()
