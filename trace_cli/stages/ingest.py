@@ -18,6 +18,7 @@ from trace_cli.store import Artifact, Store, file_input, layout
 from trace_cli.store.rollouts import tool_call_rows, write_tables
 
 NAME = "ingest"
+PATH_KEYS = ("path",)
 OUTPUTS = {"rollouts": "rollouts"}
 SUCCESS_TOL = 1e-6  # τ²-bench: a task succeeds when |reward - 1| <= 1e-6
 

@@ -1,0 +1,211 @@
+"""Recipe model: load + validate (schema, each step's `with` against its stage, references, cycles)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trace_cli.config.loading import apply_overrides, load_document
+from trace_cli.config.schemas import validate
+from trace_cli.errors import UsageError, ValidationError
+
+REF_RE = re.compile(r"\$\{\s*steps\.([A-Za-z_][A-Za-z0-9_-]*)\.outputs\.([A-Za-z_][A-Za-z0-9_]*)\s*\}")
+ANY_REF_RE = re.compile(r"\$\{[^}]*\}")
+
+
+@dataclass
+class Step:
+    id: str
+    uses: str
+    with_: dict[str, Any]
+    name: str | None
+    index: int
+    overrides: list[dict[str, Any]] = field(default_factory=list)
+
+    def refs(self) -> list[tuple[str, str, str]]:
+        """(yaml path, step id, output name) for every ${steps.ID.outputs.NAME} in `with`."""
+        out: list[tuple[str, str, str]] = []
+
+        def walk(v: Any, path: str) -> None:
+            if isinstance(v, str):
+                for m in REF_RE.finditer(v):
+                    out.append((path, m.group(1), m.group(2)))
+            elif isinstance(v, dict):
+                for k, x in v.items():
+                    walk(x, f"{path}.{k}")
+            elif isinstance(v, list):
+                for i, x in enumerate(v):
+                    walk(x, f"{path}[{i}]")
+
+        walk(self.with_, f"steps[{self.index}].with")
+        return out
+
+    @property
+    def deps(self) -> list[str]:
+        seen: list[str] = []
+        for _, sid, _ in self.refs():
+            if sid not in seen:
+                seen.append(sid)
+        return seen
+
+
+@dataclass
+class Recipe:
+    path: Path
+    steps: list[Step]
+    applied_overrides: list[dict[str, Any]]
+
+    def step(self, sid: str) -> Step:
+        for s in self.steps:
+            if s.id == sid:
+                return s
+        raise UsageError(f"{self.path}: no step with id {sid!r}; steps are: {', '.join(s.id for s in self.steps)}")
+
+    def topo_order(self) -> list[Step]:
+        """Dependencies first; ties keep file order (reordering the file never changes what runs)."""
+        done: set[str] = set()
+        order: list[Step] = []
+        pending = list(self.steps)
+        while pending:
+            for s in pending:
+                if all(d in done for d in s.deps):
+                    order.append(s)
+                    done.add(s.id)
+                    pending.remove(s)
+                    break
+            else:  # pragma: no cover - cycles are rejected at load time
+                raise UsageError("cycle in recipe")
+        return order
+
+    def ancestors(self, sid: str) -> set[str]:
+        out: set[str] = set()
+        stack = [sid]
+        while stack:
+            for d in self.step(stack.pop()).deps:
+                if d not in out:
+                    out.add(d)
+                    stack.append(d)
+        return out
+
+    def descendants(self, sid: str) -> set[str]:
+        out: set[str] = set()
+        changed = True
+        while changed:
+            changed = False
+            for s in self.steps:
+                if s.id not in out and (sid in s.deps or out & set(s.deps)):
+                    out.add(s.id)
+                    changed = True
+        return out
+
+
+def _by_id(doc: dict[str, Any]) -> dict[str, Any]:
+    """Steps keyed by id, so `--set steps.ID.with.key=value` addresses a step by its id."""
+    out = dict(doc)
+    out["steps"] = {s["id"]: s for s in doc["steps"]}
+    return out
+
+
+def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
+    """Load and fully validate a recipe; raise ValidationError with every problem found."""
+    from trace_cli.stages import STAGES, get_stage
+
+    p = Path(path)
+    doc = load_document(p)
+    if doc is None:
+        raise UsageError(f"{p}: the recipe file is empty")
+    validate(doc, "recipe.v1.json", source=str(p))
+    errors: list[str] = []
+    ids = [s["id"] for s in doc["steps"]]
+    for i, sid in enumerate(ids):
+        if ids.index(sid) != i:
+            errors.append(f"steps[{i}].id: duplicate step id {sid!r} (also steps[{ids.index(sid)}])")
+    if errors:
+        raise ValidationError(errors, source=str(p))
+    applied: list[dict[str, Any]] = []
+    if overrides:
+        for o in overrides:
+            if not o.split("=", 1)[0].startswith("steps."):
+                raise UsageError(f"--set {o!r}: recipe overrides look like steps.STEP_ID.with.KEY=VALUE")
+            key = o.split("=", 1)[0]
+            sid = key.split(".")[1].split("[")[0]
+            if sid not in ids:
+                raise UsageError(f"--set {o!r}: no step with id {sid!r}; steps are: {', '.join(ids)}")
+        by_id, applied = apply_overrides(_by_id(doc), overrides)
+        doc = dict(by_id)
+        doc["steps"] = [by_id["steps"][sid] for sid in ids]
+        validate(doc, "recipe.v1.json", source=f"{p} (after --set)")
+    steps = []
+    for i, s in enumerate(doc["steps"]):
+        step = Step(s["id"], s["uses"], dict(s.get("with") or {}), s.get("name"), i)
+        step.overrides = [a for a in applied if a["key"].split(".")[1].split("[")[0] == step.id]
+        steps.append(step)
+    for s in steps:
+        if s.uses not in STAGES:
+            errors.append(f"steps[{s.index}].uses: unknown stage {s.uses!r}; expected one of: {', '.join(sorted(STAGES))}")
+            continue
+        try:
+            validate(s.with_, f"config/{s.uses}.v1.json")
+        except ValidationError as ve:
+            errors += [f"steps[{s.index}].with" + ("" if e.startswith("<root>") else ".") + e.removeprefix("<root>") for e in ve.errors]
+        outputs_of = {t.id: get_stage(t.uses).OUTPUTS for t in steps if t.uses in STAGES}
+        for path_, sid, out in s.refs():
+            if sid not in ids:
+                errors.append(f"{path_}: dangling reference ${{steps.{sid}.outputs.{out}}}: no step {sid!r}")
+            elif sid == s.id:
+                errors.append(f"{path_}: step {s.id!r} refers to its own output")
+            elif sid in outputs_of and out not in outputs_of[sid]:
+                errors.append(
+                    f"{path_}: step {sid!r} ({next(t.uses for t in steps if t.id == sid)}) has no output {out!r}; "
+                    f"outputs: {', '.join(outputs_of[sid])}"
+                )
+
+        def scan(v: Any, path_: str) -> None:
+            if isinstance(v, str):
+                for m in ANY_REF_RE.finditer(v):
+                    if not REF_RE.fullmatch(m.group(0)):
+                        errors.append(f"{path_}: cannot parse reference {m.group(0)!r}; use ${{steps.ID.outputs.NAME}}")
+            elif isinstance(v, dict):
+                for k, x in v.items():
+                    scan(x, f"{path_}.{k}")
+            elif isinstance(v, list):
+                for j, x in enumerate(v):
+                    scan(x, f"{path_}[{j}]")
+
+        scan(s.with_, f"steps[{s.index}].with")
+    cycle = _find_cycle(steps)
+    if cycle:
+        errors.append("cycle: " + " -> ".join(cycle))
+    if errors:
+        raise ValidationError(errors, source=str(p))
+    return Recipe(p, steps, applied)
+
+
+def _find_cycle(steps: list[Step]) -> list[str] | None:
+    ids = {s.id for s in steps}
+    graph = {s.id: [d for d in s.deps if d in ids and d != s.id] for s in steps}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def dfs(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for d in graph[n]:
+            if state.get(d) == 1:
+                return stack[stack.index(d) :] + [d]
+            if d not in state:
+                c = dfs(d)
+                if c:
+                    return c
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for s in steps:
+        if s.id not in state:
+            c = dfs(s.id)
+            if c:
+                return c
+    return None
