@@ -1,0 +1,207 @@
+"""Registry: reference parsing, parameter errors, register(), store hook and real entry-point discovery."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+from trace_cli.envs import registry
+from trace_cli.envs.base import Environment
+from trace_cli.envs.registry import list_envs, make_env, parse_env_ref, register
+from trace_cli.envs.shop import ShopEnv
+from trace_cli.errors import NotFoundError, UsageError
+
+
+def test_builtin_shop_is_listed_and_built():
+    assert "shop" in list_envs()
+    env = make_env("shop")
+    assert isinstance(env, ShopEnv) and isinstance(env, Environment)
+    assert env.max_turns == 12
+
+
+def test_query_and_dict_references():
+    env = make_env("shop?families=cancel_order,multi_op&n_orders=6&max_turns=9")
+    assert env.families == ["cancel_order", "multi_op"] and env.n_orders == 6 and env.max_turns == 9
+    env = make_env({"name": "shop", "params": {"families": ["exchange"], "n_orders": 4}})
+    assert env.families == ["exchange"] and env.n_orders == 4
+    # a single family in a query string arrives as text, not a list
+    assert make_env("shop?families=order_status").families == ["order_status"]
+    # keyword params override the reference's
+    assert make_env("shop?n_orders=6", n_orders=7).n_orders == 7
+
+
+def test_parse_env_ref_values():
+    name, params = parse_env_ref("x.y-z?a=1&b=1.5&c=true&d=p,q&e=007&f=text")
+    assert name == "x.y-z"
+    assert params == {"a": 1, "b": 1.5, "c": True, "d": ["p", "q"], "e": "007", "f": "text"}
+
+
+def test_unknown_environment_lists_known_names():
+    with pytest.raises(NotFoundError) as err:
+        make_env("nope")
+    assert "nope" in str(err.value) and "shop" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("ref", "needle"),
+    [
+        ("shop?bogus=1", "bogus"),
+        ("shop?n_orders=abc", "n_orders"),
+        ("shop?n_orders=99", "n_orders"),
+        ("shop?max_turns=0", "max_turns"),
+        ("shop?families=nope", "families"),
+        ("shop?tool_set=some", "tool_set"),
+        ("shop?a=1&a=2", "'a'"),
+        ({"name": "shop", "params": {"families": []}}, "families"),
+        ({"name": "shop", "extra": 1}, "extra"),
+        ({"name": "shop", "params": [1]}, "params"),
+        ("bad name!", "invalid environment name"),
+        (42, "string or a mapping"),
+    ],
+)
+def test_bad_references_and_params_are_usage_errors(ref, needle):
+    with pytest.raises(UsageError) as err:
+        make_env(ref)
+    assert needle in str(err.value)
+    assert not isinstance(err.value, NotFoundError)
+
+
+def test_store_references_need_a_store():
+    with pytest.raises(UsageError, match="needs a store"):
+        make_env("store://environment/abc")
+    with pytest.raises(NotFoundError, match="store://environment/abc"):
+        make_env("store://environment/abc", store=object())
+
+
+class _TinyEnv:
+    """The smallest environment that satisfies the protocol: one message ends it with reward 1."""
+
+    name = "tiny"
+
+    def __init__(self, max_turns: int = 3, greeting: str = "hi"):
+        self.max_turns = max_turns
+        self.greeting = greeting
+        self.said: list[str] = []
+
+    def reset(self, seed):
+        from trace_cli.envs.base import Observation
+
+        self.said = []
+        return Observation("be nice", [], [{"role": "user", "content": self.greeting}], f"tiny-{seed}")
+
+    def step(self, action):
+        from trace_cli.envs.base import StepResult
+
+        self.said.append(action.get("content", ""))
+        return StepResult("bye", "user", True, self.verify().reward)
+
+    def verify(self):
+        from trace_cli.envs.base import RewardBreakdown
+
+        ok = any(self.greeting in s for s in self.said)
+        return RewardBreakdown(float(ok), ok)
+
+    def task_metadata(self):
+        return {"task_id": "tiny", "family": "tiny", "required_capabilities": [], "reference_actions": []}
+
+    def reference_actions(self):
+        return [{"content": self.greeting}]
+
+
+def test_register_checks_names_duplicates_and_params():
+    register("tiny-test", _TinyEnv)
+    try:
+        with pytest.raises(UsageError, match="already registered"):
+            register("tiny-test", _TinyEnv)
+        register("tiny-test", _TinyEnv, overwrite=True)
+        assert "tiny-test" in list_envs()
+        env = make_env("tiny-test?greeting=hello")
+        assert env.greeting == "hello"
+        with pytest.raises(UsageError, match="'colour'"):
+            make_env("tiny-test", colour="red")
+    finally:
+        registry.unregister("tiny-test")
+    assert "tiny-test" not in list_envs()
+    with pytest.raises(UsageError, match="invalid environment name"):
+        register("9lives", _TinyEnv)
+    with pytest.raises(UsageError, match="not callable"):
+        register("thing", 3)
+
+
+def test_factory_returning_a_non_environment_is_rejected():
+    register("not-an-env", lambda: object())
+    try:
+        with pytest.raises(UsageError, match="does not implement"):
+            make_env("not-an-env")
+    finally:
+        registry.unregister("not-an-env")
+
+
+PLUGIN = '''
+"""A third-party environment distributed as its own package."""
+from trace_cli.envs.base import Observation, RewardBreakdown, StepResult
+
+
+class EchoEnv:
+    name = "echo"
+
+    def __init__(self, word="ping", max_turns=2):
+        self.word, self.max_turns, self.said = word, max_turns, []
+
+    def reset(self, seed):
+        self.said = []
+        return Observation("repeat the word", [], [{"role": "user", "content": self.word}], f"echo-{seed}")
+
+    def step(self, action):
+        self.said.append(action.get("content", ""))
+        return StepResult("ok", "user", True, self.verify().reward)
+
+    def verify(self):
+        ok = self.word in self.said
+        return RewardBreakdown(float(ok), ok)
+
+    def task_metadata(self):
+        return {"task_id": "echo", "family": "echo", "required_capabilities": [], "reference_actions": []}
+
+    def reference_actions(self):
+        return [{"content": self.word}]
+
+
+def make_echo(**params):
+    return EchoEnv(**params)
+'''
+
+
+def test_entry_point_discovery(tmp_path, monkeypatch):
+    """A dist-info with entry_points.txt on sys.path is found by importlib.metadata: real plugin discovery."""
+    (tmp_path / "echo_env_plugin.py").write_text(PLUGIN)
+    info = tmp_path / "echo_env_plugin-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: echo-env-plugin\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text(
+        textwrap.dedent(
+            """\
+            [trace_cli.environments]
+            echo = echo_env_plugin:make_echo
+            echo-missing = echo_env_plugin_gone:make_echo
+            """
+        )
+    )
+    assert "echo" not in list_envs()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert {"echo", "echo-missing", "shop"} <= set(list_envs())
+        env = make_env("echo?word=pong")
+        obs = env.reset(0)
+        assert obs.messages[0]["content"] == "pong"
+        result = env.step({"content": "pong"})
+        assert result.done and env.verify().success
+        with pytest.raises(UsageError, match="failed to load"):
+            make_env("echo-missing")
+    finally:
+        monkeypatch.undo()
+        sys.modules.pop("echo_env_plugin", None)
+    with pytest.raises(NotFoundError):
+        make_env("echo")

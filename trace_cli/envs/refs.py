@@ -1,0 +1,25 @@
+"""Identity of an environment reference for artifact ids: a canonical (name, params), or a store artifact."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def env_identity(ref: str | dict[str, Any], *, store: Any = None) -> dict[str, Any]:
+    """{"id": canonical form, "inputs": [artifact inputs]}: equal environments give equal ids however they
+    are spelled (`shop?families=a` == {"name": "shop", "params": {"families": ["a"]}})."""
+    from trace_cli.envs.registry import parse_env_ref
+
+    if isinstance(ref, str) and ref.startswith("store://"):
+        if store is None:
+            from trace_cli.errors import UsageError
+
+            raise UsageError(f"environment reference {ref!r} needs a store")
+        art = store.resolve(ref, kind="environment")
+        return {"id": {"artifact": art.id}, "inputs": [art.as_input("environment")]}
+    name, params = parse_env_ref(ref)
+    norm = {k: (v if not isinstance(v, str) or "," not in v else v.split(",")) for k, v in params.items()}
+    for k, v in norm.items():
+        if not isinstance(v, list) and k == "families":
+            norm[k] = [v]
+    return {"id": {"name": name, "params": norm}, "inputs": []}

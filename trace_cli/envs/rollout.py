@@ -1,0 +1,211 @@
+"""The agent rollout loop shared by `trace eval` and training: many episodes in flight at once.
+
+Each round, every active episode asks the policy for its next assistant turn (an HF policy generates for
+the whole batch in one `generate` call with left padding and KV cache); the turn is parsed into actions,
+which are stepped through that episode's environment. Finished episodes are replaced from the queue, so
+the batch stays full. Malformed tool calls are answered with a tool error, never dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from trace_cli.envs.base import Environment, Observation
+
+
+@dataclass
+class EpisodeState:
+    """One episode in flight. `messages` is the full conversation, system prompt first."""
+
+    env: Environment
+    seed: int
+    trial: int
+    obs: Observation
+    messages: list[dict[str, Any]]
+    n_actions: int = 0
+    n_errors: int = 0
+    done: bool = False
+    termination: str = ""
+    gen_tokens: int = 0
+    turns: list[dict[str, Any]] = field(default_factory=list)  # per policy turn: prompt/completion token ids
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        return self.obs.tools
+
+
+@dataclass
+class EpisodeResult:
+    env: str
+    seed: int
+    trial: int
+    task_id: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    reward: float
+    success: bool
+    termination: str
+    n_actions: int
+    n_errors: int
+    gen_tokens: int
+    breakdown: dict[str, Any]
+    metadata: dict[str, Any]  # hidden task metadata (family, required capabilities, reference actions)
+    turns: list[dict[str, Any]] = field(default_factory=list)
+
+
+def start(env: Environment, seed: int, trial: int = 0) -> EpisodeState:
+    obs = env.reset(seed)
+    messages = [{"role": "system", "content": obs.system_prompt}] + [dict(m) for m in obs.messages]
+    return EpisodeState(env, seed, trial, obs, messages)
+
+
+def apply_actions(
+    state: EpisodeState,
+    actions: Sequence[dict[str, Any]],
+    raw: str | None = None,
+    *,
+    max_turns: int,
+    max_errors: int = 10,
+) -> None:
+    """Record one assistant turn (its actions) and step the environment for each action."""
+    calls = [a for a in actions if "name" in a or "malformed" in a]
+    if calls:
+        ids = [f"call_{state.n_actions}_{i}" for i in range(len(calls))]
+        msg: dict[str, Any] = {"role": "assistant", "content": ""}
+        if any("malformed" in a for a in calls):
+            # keep the raw text: the transcript (and the next prompt) shows exactly what the agent produced
+            msg["content"] = (
+                raw
+                if raw is not None
+                else "\n".join(
+                    f"<tool_call>\n{a['malformed']}\n</tool_call>" for a in calls if "malformed" in a
+                )
+            )
+        else:
+            msg["tool_calls"] = [
+                {"id": cid, "type": "function", "function": {"name": a["name"], "arguments": a["arguments"]}}
+                for cid, a in zip(ids, calls, strict=True)
+            ]
+        state.messages.append(msg)
+        for cid, a in zip(ids, calls, strict=True):
+            if "malformed" in a:
+                state.messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": cid,
+                        "content": f"Error: malformed tool call: {a['error']}",
+                        "error": True,
+                    }
+                )
+                state.n_errors += 1
+                continue
+            res = state.env.step({"name": a["name"], "arguments": a["arguments"]})
+            state.messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": cid,
+                    "name": a["name"],
+                    "content": res.observation,
+                    "error": bool(res.error),
+                }
+            )
+            state.n_errors += int(bool(res.error))
+            if res.done:
+                state.done, state.termination = True, res.info.get("termination", "env_done")
+                break
+    else:
+        content = actions[0].get("content", "") if actions else ""
+        state.messages.append({"role": "assistant", "content": content})
+        res = state.env.step({"content": content})
+        if res.done:
+            state.done, state.termination = True, res.info.get("termination", "user_stop")
+        elif res.observation is not None:
+            state.messages.append({"role": res.role or "user", "content": res.observation})
+    state.n_actions += 1
+    if not state.done and state.n_actions >= max_turns:
+        state.done, state.termination = True, "max_turns"
+    if not state.done and state.n_errors >= max_errors:
+        state.done, state.termination = True, "too_many_errors"
+
+
+def finish(state: EpisodeState) -> EpisodeResult:
+    b = state.env.verify()
+    meta = state.env.task_metadata()
+    return EpisodeResult(
+        env=getattr(state.env, "name", type(state.env).__name__),
+        seed=state.seed,
+        trial=state.trial,
+        task_id=state.obs.task_id,
+        messages=state.messages,
+        tools=state.tools,
+        reward=float(b.reward),
+        success=bool(b.success),
+        termination=state.termination or "unknown",
+        n_actions=state.n_actions,
+        n_errors=state.n_errors,
+        gen_tokens=state.gen_tokens,
+        breakdown={"components": b.components, "details": b.details},
+        metadata=meta,
+        turns=state.turns,
+    )
+
+
+def rollout(
+    policy,
+    make_env: Callable[[], Environment],
+    jobs: Sequence[tuple[int, int]],
+    *,
+    max_turns: int = 12,
+    batch_size: int = 16,
+    on_done: Callable[[EpisodeResult], None] | None = None,
+) -> list[EpisodeResult]:
+    """Run `jobs` [(seed, trial), ...] with `policy`; results come back in job order."""
+    queue = list(enumerate(jobs))
+    active: list[tuple[int, EpisodeState]] = []
+    results: dict[int, EpisodeResult] = {}
+    while queue or active:
+        while queue and len(active) < batch_size:
+            idx, (seed, trial) = queue.pop(0)
+            st = start(make_env(), seed, trial)
+            if hasattr(policy, "begin"):
+                policy.begin(st)
+            active.append((idx, st))
+        outputs = policy.act([s for _, s in active])
+        still: list[tuple[int, EpisodeState]] = []
+        for (idx, st), out in zip(active, outputs, strict=True):
+            if isinstance(out, str):
+                from trace_cli.models.chat import parse_assistant
+
+                apply_actions(st, parse_assistant(out), out, max_turns=max_turns)
+            else:
+                apply_actions(st, out, None, max_turns=max_turns)
+            if st.done:
+                res = finish(st)
+                results[idx] = res
+                if on_done:
+                    on_done(res)
+            else:
+                still.append((idx, st))
+        active = still
+    return [results[i] for i in range(len(jobs))]
+
+
+def replay(
+    env: Environment, seed: int, actions: Sequence[dict[str, Any]], *, max_turns: int = 1000
+) -> EpisodeResult:
+    """Run a fixed action list (reference solution or a demonstration) and return the episode."""
+    st = start(env, seed)
+    for a in actions:
+        if st.done:
+            break
+        apply_actions(st, [a], None, max_turns=max_turns)
+    if not st.done:
+        st.termination = "end_of_actions"
+    return finish(st)
+
+
+def tool_text(result: dict[str, Any]) -> str:
+    return json.dumps(result, separators=(",", ":"))

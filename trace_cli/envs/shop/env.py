@@ -1,0 +1,284 @@
+"""`ShopEnv`: the built-in τ²-retail-style customer-service world, one procedurally generated task per seed.
+
+Reward (documented contract, see `verify`):
+  components["db"]          1 if the final users+orders equal the state the reference solution produces, else 0
+  components["db_records"]  graded: share of user/order records equal to that state
+  components["communicate"] graded: share of fact checks passed — required facts (amounts, statuses) found in
+                            the agent's messages, forbidden facts (wrong statuses) absent from them
+  reward = 1 only if db == 1 and every fact check passes, else 0 (all-or-nothing, like τ²-bench);
+  success = reward == 1. The graded components are there for analysis or for shaped training rewards.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import marshal
+import random
+import re
+from typing import Any
+
+from trace_cli.envs.base import Observation, RewardBreakdown, StepResult
+from trace_cli.envs.shop.tasks import CAPABILITIES, FAMILIES, FAMILY_CAPABILITIES, Task
+from trace_cli.envs.shop.tools import TOOL_SCHEMAS, ShopTools, ToolError
+from trace_cli.envs.shop.user import ScriptedUser
+from trace_cli.envs.validation import validate_arguments
+from trace_cli.errors import UsageError
+
+# Kept short on purpose: a tiny model is trained on these transcripts (≤ ~600 characters).
+POLICY = """You are a customer service agent for an online shop.
+- First authenticate the user: find their user id by email, or by name and zip.
+- Help only that one user.
+- Check an order's status before changing it. Only pending orders can be cancelled (reason: 'no longer needed' or 'ordered by mistake'). Only delivered orders can be returned or exchanged.
+- Refunds go to the original payment method or a gift card.
+- Take ids and amounts from tool results; never guess.
+- Make one tool call or send one message at a time.
+- Transfer to a human agent only if you cannot help."""
+
+
+def _clone(data: Any) -> Any:
+    """Deep copy of JSON-like data; marshal is ~10x faster than copy.deepcopy, which dominated reset()."""
+    return marshal.loads(marshal.dumps(data))
+
+
+_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+
+
+def _numbers(text: str) -> set[float]:
+    """Every number in the text, read leniently ("1,234.50", "$60", "60.0" all count)."""
+    out: set[float] = set()
+    for m in _NUMBER.findall(text):
+        for candidate in [m.replace(",", ""), *m.split(",")]:
+            try:
+                out.add(round(float(candidate), 2))
+            except ValueError:
+                pass
+    return out
+
+
+def fact_communicated(fact: str, messages: list[str]) -> bool:
+    """Numbers match by value (60 == 60.00); words match case-insensitively on word boundaries."""
+    try:
+        value = round(float(fact), 2)
+    except ValueError:
+        pattern = re.compile(rf"(?<!\w){re.escape(fact)}(?!\w)", re.I)
+        return any(pattern.search(m) for m in messages)
+    return any(value in _numbers(m) for m in messages)
+
+
+class ShopEnv:
+    """One task per `reset(seed)`; satisfies `trace_cli.envs.base.Environment`."""
+
+    name = "shop"
+
+    def __init__(
+        self,
+        families: list[str] | None = None,
+        max_turns: int = 12,
+        n_orders: int = 5,
+        tool_set: str = "task",
+    ):
+        self.families = list(families) if families else list(FAMILIES)
+        unknown = [f for f in self.families if f not in FAMILIES]
+        if unknown:
+            raise UsageError(
+                f"shop: parameter 'families': unknown task family {unknown[0]!r}; "
+                f"known: {', '.join(FAMILIES)}"
+            )
+        if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
+            raise UsageError(f"shop: parameter 'max_turns' must be a positive integer, got {max_turns!r}")
+        if not isinstance(n_orders, int) or isinstance(n_orders, bool) or not 4 <= n_orders <= 10:
+            raise UsageError(f"shop: parameter 'n_orders' must be an integer from 4 to 10, got {n_orders!r}")
+        if tool_set not in ("task", "all"):
+            raise UsageError(f"shop: parameter 'tool_set' must be 'task' or 'all', got {tool_set!r}")
+        self.max_turns = max_turns
+        self.n_orders = n_orders
+        self.tool_set = tool_set
+        self._task: Task | None = None
+        self._seed: int | None = None
+
+    # -- protocol ----------------------------------------------------------------------------------
+    def family_for_seed(self, seed: int) -> str:
+        # Round-robin over the enabled families: any run of consecutive seeds is balanced.
+        return self.families[seed % len(self.families)]
+
+    def reset(self, seed: int) -> Observation:
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise UsageError(f"seed must be an integer, got {seed!r}")
+        family = self.family_for_seed(seed)
+        if self._task is None or (self._seed, self._task.family) != (seed, family):
+            # A string seed is hashed deterministically by `random` (not by PYTHONHASHSEED); mixing in the
+            # family keeps tasks independent when the family list changes.
+            task = FAMILIES[family](random.Random(f"shop:{family}:{seed}"), self.n_orders)
+            self._task, self._seed = task, seed
+            # Products never change during an episode, so only users and orders are copied per episode.
+            self._products = task.db["products"]
+            self._initial = marshal.dumps({"users": task.db["users"], "orders": task.db["orders"]})
+            self._target = self._replay_target()
+        # else: resetting to the current seed again (e.g. several rollouts of one task) reuses the task.
+        task = self._task
+        self._start_episode()
+        names = list(TOOL_SCHEMAS) if self.tool_set == "all" else task.tools
+        self._tools = {n: TOOL_SCHEMAS[n] for n in names}
+        return Observation(
+            system_prompt=POLICY,
+            tools=[_clone(TOOL_SCHEMAS[n]) for n in names],
+            messages=[{"role": "user", "content": task.first_message}],
+            task_id=self.task_id,
+            info={"env": self.name, "seed": seed, "max_turns": self.max_turns},
+        )
+
+    def _fresh_db(self) -> dict[str, Any]:
+        return {"products": self._products, **marshal.loads(self._initial)}
+
+    def _start_episode(self) -> None:
+        self.db = self._fresh_db()
+        self.api = ShopTools(self.db)
+        self.user = ScriptedUser(self._task.identify, self._task.request)
+        self.turns = 0
+        self.done = False
+        self.termination: str | None = None
+        self.agent_messages: list[str] = []
+
+    def _replay_target(self) -> dict[str, Any]:
+        """The database after the reference solution: what `verify` compares against."""
+        tools = ShopTools(self._fresh_db())
+        for action in self._task.reference:
+            if "name" in action:
+                tools.call(action["name"], _clone(action["arguments"]))  # a ToolError here is a bug
+        return {"users": tools.db["users"], "orders": tools.db["orders"]}
+
+    @property
+    def task_id(self) -> str:
+        return f"shop-{self._require_task().family}-{self._seed}"
+
+    def _require_task(self) -> Task:
+        if self._task is None:
+            raise UsageError("call reset(seed) before using the environment")
+        return self._task
+
+    def step(self, action: dict[str, Any]) -> StepResult:
+        self._require_task()
+        if self.done:
+            return StepResult(
+                "Error: the episode is over",
+                role="user",
+                done=True,
+                reward=self.verify().reward,
+                error=True,
+                info={"termination": self.termination},
+            )
+        self.turns += 1
+        if isinstance(action, dict) and "name" in action:
+            observation, error, role = *self._tool_call(action), "tool"
+            if action.get("name") == "transfer_to_human_agents" and not error:
+                self._finish("transfer")
+        elif isinstance(action, dict) and "content" in action:
+            role, error = "user", False
+            content = action["content"]
+            if not isinstance(content, str):
+                observation, error = "Error: a message's content must be a string", True
+            else:
+                self.agent_messages.append(content)
+                observation, ends = self.user.reply(content)
+                if ends:
+                    self._finish("user_stop")
+        else:
+            observation, error, role = (
+                ('Error: an action is a tool call {"name", "arguments"} or a message {"content"}'),
+                True,
+                "tool",
+            )
+        if not self.done and self.turns >= self.max_turns:
+            self._finish("max_turns")
+        return StepResult(
+            observation,
+            role=role,
+            done=self.done,
+            reward=self.verify().reward,
+            error=error,
+            info={"turn": self.turns, "termination": self.termination},
+        )
+
+    def _finish(self, why: str) -> None:
+        self.done, self.termination = True, why
+
+    def _tool_call(self, action: dict[str, Any]) -> tuple[str, bool]:
+        name, args = action.get("name"), action.get("arguments", {})
+        if not isinstance(name, str) or name not in self._tools:
+            return f"Error: unknown tool {name!r}", True
+        if isinstance(args, str):  # OpenAI transports arguments as a JSON string
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError as exc:
+                return f"Error: arguments are not valid JSON ({exc.msg})", True
+        problems = validate_arguments(self._tools[name], args)
+        if problems:
+            return f"Error: {name}: " + "; ".join(problems), True
+        try:
+            return self.api.call(name, copy.deepcopy(args)), False
+        except ToolError as exc:
+            return f"Error: {exc}", True
+
+    def verify(self) -> RewardBreakdown:
+        task = self._require_task()
+        records = [(table, key) for table in ("users", "orders") for key in self._target[table]]
+        mismatched = [k for table, k in records if self.db[table].get(k) != self._target[table][k]]
+        db_ok = not mismatched and all(set(self.db[t]) == set(self._target[t]) for t in ("users", "orders"))
+        messages = self.agent_messages
+        missing = [f for f in task.required_facts if not fact_communicated(f, messages)]
+        wrong = [f for f in task.forbidden_facts if fact_communicated(f, messages)]
+        n_checks = len(task.required_facts) + len(task.forbidden_facts)
+        communicate = 1.0 if not n_checks else (n_checks - len(missing) - len(wrong)) / n_checks
+        reward = 1.0 if db_ok and not missing and not wrong else 0.0
+        return RewardBreakdown(
+            reward=reward,
+            success=reward == 1.0,
+            components={
+                "db": float(db_ok),
+                "db_records": 1 - len(mismatched) / len(records),
+                "communicate": communicate,
+            },
+            details={
+                "mismatched_records": mismatched,
+                "missing_facts": missing,
+                "wrong_facts": wrong,
+                "termination": self.termination,
+                "turns": self.turns,
+            },
+        )
+
+    def task_metadata(self) -> dict[str, Any]:
+        task = self._require_task()
+        return {
+            "task_id": self.task_id,
+            "family": task.family,
+            "variant": task.variant,
+            "required_capabilities": list(task.capabilities),
+            "required_facts": list(task.required_facts),
+            "forbidden_facts": list(task.forbidden_facts),
+            "reference_actions": self.reference_actions(),
+        }
+
+    def reference_actions(self) -> list[dict[str, Any]]:
+        return _clone(self._require_task().reference)
+
+    def demonstration(self, deficits: set[str] | list[str] | tuple[str, ...] = ()) -> list[dict[str, Any]]:
+        """The reference solution with the named capabilities withheld (behaviour known to fail by construction).
+
+        Only capabilities this task requires change anything: for other tasks the demonstration is the
+        reference. Known deficit names: `CAPABILITIES`.
+        """
+        task = self._require_task()
+        unknown = sorted(set(deficits) - set(CAPABILITIES))
+        if unknown:
+            raise UsageError(f"unknown deficit {unknown[0]!r}; known: {', '.join(CAPABILITIES)}")
+        for capability in task.capabilities:
+            if capability in deficits:
+                return _clone(task.deficit_demos[capability])
+        return self.reference_actions()
+
+
+def family_capabilities() -> dict[str, list[str]]:
+    """Task family -> required capabilities (hidden metadata, for analysis and tests)."""
+    return {k: list(v) for k, v in FAMILY_CAPABILITIES.items()}

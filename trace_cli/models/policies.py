@@ -1,0 +1,126 @@
+"""Policies the rollout loop can drive: an HF causal LM (batched generation), the environment's reference
+solver, and a random-action baseline. Built-ins are addressed as model references `policy:reference` and
+`policy:random`."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from trace_cli.envs.rollout import EpisodeState
+
+
+class ReferencePolicy:
+    """Replays each episode's reference solution (reward 1 by construction; a check on the env)."""
+
+    name = "policy:reference"
+
+    def begin(self, state: EpisodeState) -> None:
+        state.turns.append({"plan": list(state.env.reference_actions())})
+
+    def act(self, states: list[EpisodeState]) -> list[list[dict[str, Any]]]:
+        out = []
+        for s in states:
+            plan = s.turns[0]["plan"]
+            out.append([plan.pop(0)] if plan else [{"content": "Goodbye."}])
+        return out
+
+
+def _random_value(schema: dict[str, Any], rng: random.Random) -> Any:
+    t = schema.get("type", "string")
+    if "enum" in schema:
+        return rng.choice(schema["enum"])
+    if t == "integer":
+        return rng.randint(0, 100)
+    if t == "number":
+        return round(rng.uniform(0, 500), 2)
+    if t == "boolean":
+        return rng.random() < 0.5
+    if t == "array":
+        return [_random_value(schema.get("items", {}), rng) for _ in range(rng.randint(1, 2))]
+    return rng.choice(["#W1000001", "abc", "user_1", "12345", "credit_card_1", "yes"])
+
+
+class RandomPolicy:
+    """Random tool calls with schema-typed random arguments, and random short messages."""
+
+    name = "policy:random"
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+
+    def begin(self, state: EpisodeState) -> None:
+        state.turns.append({"rng": random.Random(self.seed * 1_000_003 + state.seed * 31 + state.trial)})
+
+    def act(self, states: list[EpisodeState]) -> list[list[dict[str, Any]]]:
+        out = []
+        for s in states:
+            rng: random.Random = s.turns[0]["rng"]
+            if rng.random() < 0.75 and s.tools:
+                fn = rng.choice(s.tools)["function"]
+                props = fn.get("parameters", {}).get("properties", {})
+                args = {k: _random_value(v, rng) for k, v in props.items()}
+                out.append([{"name": fn["name"], "arguments": args}])
+            else:
+                out.append([{"content": rng.choice(["Done.", "Can you tell me more?", "I cannot help with that.", "Sure."])}])
+        return out
+
+
+class HFPolicy:
+    """A transformers causal LM (optionally base + PEFT adapter): batched, left-padded, KV-cached generation."""
+
+    def __init__(self, model, tokenizer, *, temperature: float = 0.0, top_p: float = 1.0,
+                 max_new_tokens: int = 128, max_prompt_tokens: int | None = None, seed: int = 0,
+                 name: str = "hf", record_tokens: bool = False):
+        self.model = model
+        self.tok = tokenizer
+        self.temperature = temperature
+        self.top_p = top_p
+        self.max_new_tokens = max_new_tokens
+        self.max_prompt_tokens = max_prompt_tokens
+        self.seed = seed
+        self.name = name
+        self.record_tokens = record_tokens
+        self._round = 0
+
+    def act(self, states: list[EpisodeState]) -> list[str]:
+        import torch
+
+        from trace_cli.models.chat import render
+
+        prompts = [render(self.tok, s.messages, s.tools, add_generation_prompt=True) for s in states]
+        self.tok.padding_side = "left"
+        enc = self.tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        if self.max_prompt_tokens and enc["input_ids"].shape[1] > self.max_prompt_tokens:
+            enc = {k: v[:, -self.max_prompt_tokens :] for k, v in enc.items()}
+        do_sample = self.temperature > 0
+        gen_kwargs: dict[str, Any] = {
+            "max_new_tokens": self.max_new_tokens,
+            "do_sample": do_sample,
+            "pad_token_id": self.tok.pad_token_id,
+            "eos_token_id": self.tok.convert_tokens_to_ids("<|im_end|>"),
+        }
+        if do_sample:
+            gen_kwargs.update(temperature=self.temperature, top_p=self.top_p, top_k=0)
+            # a per-round seed derived from the run seed: reruns reproduce, rounds differ
+            torch.manual_seed(self.seed * 100_003 + self._round)
+        self._round += 1
+        with torch.inference_mode():
+            out = self.model.generate(**enc, **gen_kwargs)
+        new = out[:, enc["input_ids"].shape[1] :]
+        texts = []
+        eos = gen_kwargs["eos_token_id"]
+        for i, s in enumerate(states):
+            ids = new[i].tolist()
+            n = ids.index(eos) + 1 if eos in ids else len([t for t in ids if t != self.tok.pad_token_id])
+            ids = ids[:n]
+            s.gen_tokens += len(ids)
+            text = self.tok.decode(ids, skip_special_tokens=False)
+            if eos not in ids:
+                text += ""  # truncated at max_new_tokens: parsed as-is (an unterminated call is malformed)
+            if self.record_tokens:
+                p = enc["input_ids"][i]
+                m = enc["attention_mask"][i]
+                s.turns.append({"prompt_ids": p[m.bool()].tolist(), "completion_ids": ids})
+            texts.append(text)
+        return texts

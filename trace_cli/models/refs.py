@@ -1,0 +1,148 @@
+"""Model references: `policy:reference|random`, store artifacts (model, adapter), local HF dirs, hub ids.
+
+`resolve_model()` is cheap (no weights loaded) so stages can validate references before any compute;
+`load_policy()` does the loading.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trace_cli.errors import NotFoundError, UsageError
+from trace_cli.store import Store
+
+BUILTIN_POLICIES = ("policy:reference", "policy:random")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+_BIG = 64 << 20
+
+
+@dataclass
+class ModelRef:
+    kind: str  # builtin | hf | adapter
+    display: str
+    digest: str
+    path: Path | None = None  # the HF model dir (base model for adapters)
+    adapter_path: Path | None = None
+    artifact_id: str | None = None
+    artifact_kind: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_input(self, role: str = "model") -> dict[str, Any]:
+        d: dict[str, Any] = {"role": role, "digest": self.digest}
+        if self.artifact_id:
+            d.update(id=self.artifact_id, kind=self.artifact_kind)
+        elif self.path is not None:
+            d["path"] = str(self.path)
+        return d
+
+
+def dir_digest(path: Path) -> str:
+    """Content identity of a model dir: sha256 of small files, (name, size, head, tail) of big ones."""
+    h = hashlib.sha256()
+    for p in sorted(path.rglob("*")):
+        if not p.is_file():
+            continue
+        h.update(p.relative_to(path).as_posix().encode())
+        size = p.stat().st_size
+        h.update(str(size).encode())
+        with open(p, "rb") as f:
+            if size <= _BIG:
+                h.update(f.read())
+            else:
+                h.update(f.read(1 << 20))
+                f.seek(-(1 << 20), os.SEEK_END)
+                h.update(f.read())
+    return h.hexdigest()
+
+
+def check_hf_dir(path: Path) -> None:
+    if not (path / "config.json").is_file():
+        raise UsageError(f"{path}: not a Hugging Face model directory (no config.json)")
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise UsageError(
+            f"{path}: model directory has no tokenizer ({', '.join(TOKENIZER_FILES[:2])} missing)",
+            hint="save the tokenizer next to the model with tokenizer.save_pretrained(dir)",
+        )
+
+
+def resolve_model(ref: str, store: Store | None = None) -> ModelRef:
+    if not isinstance(ref, str) or not ref:
+        raise UsageError("a model reference is required (store://model/NAME, a local dir, or policy:reference)")
+    if ref in BUILTIN_POLICIES:
+        return ModelRef("builtin", ref, hashlib.sha256(ref.encode()).hexdigest())
+    if ref.startswith("policy:"):
+        raise UsageError(f"unknown built-in policy {ref!r}; expected one of {', '.join(BUILTIN_POLICIES)}")
+    p = Path(ref)
+    if p.exists():
+        if not p.is_dir():
+            raise UsageError(f"{ref}: a model reference must be a directory, not a file")
+        check_hf_dir(p)
+        return ModelRef("hf", str(p), dir_digest(p), path=p.resolve())
+    if store is not None and (ref.startswith("store://") or not ("/" in ref and not ref.startswith("store://"))):
+        try:
+            art = store.resolve(ref)
+        except NotFoundError:
+            if ref.startswith("store://"):
+                raise
+            art = None
+        if art is not None:
+            if art.kind == "model":
+                check_hf_dir(art.path / "hf")
+                return ModelRef("hf", art.uri, art.digest, path=art.path / "hf", artifact_id=art.id, artifact_kind="model")
+            if art.kind == "adapter":
+                base = art.manifest["summary"].get("base_model_path") or art.config.get("model")
+                base_ref = resolve_model(base, store)
+                return ModelRef("adapter", art.uri, art.digest, path=base_ref.path, adapter_path=art.path / "adapter",
+                                artifact_id=art.id, artifact_kind="adapter", extra={"base": base_ref.display})
+            raise UsageError(f"{ref!r} is a {art.kind} artifact, not a model or adapter")
+    if "/" in ref and not ref.startswith(("store://", ".", "/")):
+        return _hub(ref)
+    raise NotFoundError(f"model {ref!r} not found: not a store artifact, a local directory or a hub id")
+
+
+def _hub(ref: str) -> ModelRef:
+    """A hub id works when it is already in the local Hugging Face cache; offline, anything else fails here."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        path = Path(snapshot_download(ref, local_files_only=True))
+    except Exception as e:  # noqa: BLE001 - every failure mode means the same thing to the user
+        raise NotFoundError(
+            f"hub model {ref!r} is not in the local Hugging Face cache and this machine cannot download it "
+            f"(offline): {type(e).__name__}",
+            hint="download it elsewhere and pass the local directory, or build one with `trace model init`",
+        ) from e
+    check_hf_dir(path)
+    return ModelRef("hf", ref, dir_digest(path), path=path)
+
+
+def load_hf(ref: ModelRef, *, trainable_adapter: bool = False):
+    """(model, tokenizer) for an hf or adapter reference, on CPU in float32 (GPU when available)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(ref.path, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(ref.path, dtype=torch.float32)
+    if ref.kind == "adapter":
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, ref.adapter_path, is_trainable=trainable_adapter)
+    if torch.cuda.is_available():
+        model = model.to("cuda")
+    model.eval()
+    return model, tok
+
+
+def load_policy(ref: ModelRef, *, temperature: float = 0.0, top_p: float = 1.0, max_new_tokens: int = 128,
+                seed: int = 0, record_tokens: bool = False):
+    from trace_cli.models import policies
+
+    if ref.kind == "builtin":
+        return policies.ReferencePolicy() if ref.display == "policy:reference" else policies.RandomPolicy(seed)
+    model, tok = load_hf(ref)
+    return policies.HFPolicy(model, tok, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+                             seed=seed, name=ref.display, record_tokens=record_tokens)

@@ -1,0 +1,165 @@
+"""Stage `eval`: run a model on an environment; write a `rollouts` artifact and an `eval` artifact
+(mean reward, pass@1, pass^k as τ²-bench defines it, per-task-family breakdown)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from trace_cli.errors import UsageError
+from trace_cli.stages.base import Prepared, checked_config
+from trace_cli.store import Artifact, Store
+from trace_cli.store.tables import TableSpec, register_table
+
+NAME = "eval"
+OUTPUTS = {"rollouts": "rollouts", "eval": "eval"}
+RESULTS_FILE = "eval_results.parquet"
+TASKS_FILE = "task_metadata.parquet"
+
+EVAL_RESULTS_SCHEMA = pa.schema([
+    ("task_id", pa.string()), ("task_family", pa.string()), ("seed", pa.int64()), ("trials", pa.int32()),
+    ("successes", pa.int32()), ("mean_reward", pa.float64()), ("pass_hat_k", pa.string()),
+])
+TASK_META_SCHEMA = pa.schema([
+    ("task_id", pa.string()), ("task_family", pa.string()), ("seed", pa.int64()),
+    ("required_capabilities", pa.string()), ("reference_actions", pa.string()),
+])
+register_table(TableSpec("eval_results", "eval", RESULTS_FILE, EVAL_RESULTS_SCHEMA))
+register_table(TableSpec("task_metadata", "eval", TASKS_FILE, TASK_META_SCHEMA))
+
+
+def parse_seeds(spec: Any) -> list[int]:
+    if isinstance(spec, list):
+        if len(set(spec)) != len(spec):
+            raise UsageError("seeds: the list has duplicates")
+        return [int(s) for s in spec]
+    try:
+        a, b = (int(x) for x in str(spec).split(":"))
+    except ValueError as e:
+        raise UsageError(f"seeds: {spec!r} is not a range A:B (e.g. 0:100)") from e
+    if a < 0 or b <= a:
+        raise UsageError(f"seeds: {spec!r} is empty or negative; expected A:B with 0 <= A < B (B exclusive)")
+    return list(range(a, b))
+
+
+def pass_hat_k(c: int, n: int, k: int) -> float:
+    """τ²-bench pass^k for one task with c successes out of n trials: C(c, k) / C(n, k)."""
+    return math.comb(c, k) / math.comb(n, k) if n >= k else float("nan")
+
+
+def prepare(config: dict[str, Any], store: Store) -> Prepared:
+    from trace_cli.envs.refs import env_identity
+    from trace_cli.envs.registry import make_env
+    from trace_cli.models.refs import resolve_model
+
+    cfg = checked_config(NAME, config)
+    seeds = parse_seeds(cfg["seeds"])
+    make_env(cfg["env"], store=store)  # validates name and params now, before any compute
+    model = resolve_model(cfg["model"], store)
+    env_id = env_identity(cfg["env"], store=store)
+    id_config = {**cfg, "model": model.digest, "env": env_id["id"], "seeds": seeds}
+    inputs = [model.as_input("model")] + env_id.get("inputs", [])
+    p = Prepared(NAME, cfg, id_config, inputs, dict(OUTPUTS)).finalize()
+    p.extra.update(model=model, seeds=seeds)
+    return p
+
+
+def summarize(rows: list[dict[str, Any]], trials: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by_task[r["task_id"]].append(r)
+    ks = list(range(1, trials + 1))
+    per_task = []
+    for tid, eps in by_task.items():
+        c, n = sum(e["success"] for e in eps), len(eps)
+        per_task.append({
+            "task_id": tid, "task_family": eps[0]["task_family"], "seed": eps[0]["seed"], "trials": n,
+            "successes": c, "mean_reward": sum(e["reward"] for e in eps) / n,
+            "pass_hat_k": {str(k): pass_hat_k(c, n, k) for k in ks},
+        })
+
+    def agg(tasks: list[dict[str, Any]]) -> dict[str, Any]:
+        n_eps = sum(t["trials"] for t in tasks)
+        return {
+            "tasks": len(tasks),
+            "episodes": n_eps,
+            "mean_reward": sum(t["mean_reward"] * t["trials"] for t in tasks) / n_eps,
+            "pass@1": sum(t["successes"] / t["trials"] for t in tasks) / len(tasks),
+            "pass^k": {str(k): sum(t["pass_hat_k"][str(k)] for t in tasks) / len(tasks) for k in ks},
+        }
+
+    fams: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for t in per_task:
+        fams[t["task_family"] or "-"].append(t)
+    summary = agg(per_task)
+    summary["families"] = {f: agg(ts) for f, ts in sorted(fams.items())}
+    return summary, per_task
+
+
+def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=False) -> dict[str, Artifact]:
+    from trace_cli.envs.registry import make_env
+    from trace_cli.envs.rollout import rollout
+    from trace_cli.models.refs import load_policy
+    from trace_cli.progress import Bar
+    from trace_cli.store.rollouts import tool_call_rows, write_tables
+
+    cfg = prepared.config
+    seeds: list[int] = prepared.extra["seeds"]
+    policy = load_policy(prepared.extra["model"], temperature=cfg["temperature"], top_p=cfg["top_p"],
+                         max_new_tokens=cfg["max_new_tokens"], seed=cfg["seed"])
+    jobs = [(s, t) for s in seeds for t in range(cfg["trials"])]
+    import time
+
+    t0 = time.monotonic()
+    with Bar(len(jobs), f"eval {cfg['model']}") as bar:
+        results = rollout(policy, lambda: make_env(cfg["env"], store=store), jobs, max_turns=cfg["max_turns"],
+                          batch_size=cfg["batch_size"], on_done=lambda r: bar.advance())
+    wall = time.monotonic() - t0
+    episodes, calls, metas = [], [], {}
+    for r in results:
+        eid = f"{r.task_id}-t{r.trial}"
+        meta = r.metadata or {}
+        ref = meta.get("reference_actions")
+        episodes.append({
+            "episode_id": eid, "source": f"eval:{prepared.id}", "env": r.env, "domain": r.env,
+            "task_id": r.task_id, "task_family": meta.get("family"), "trial": r.trial, "seed": r.seed,
+            "reward": r.reward, "success": r.success, "termination_reason": r.termination,
+            "n_turns": r.n_actions, "messages": json.dumps(r.messages, ensure_ascii=False),
+            "tools": json.dumps(r.tools, ensure_ascii=False),
+            "reference_actions": None if ref is None else json.dumps(ref, ensure_ascii=False),
+            "info": json.dumps({"policy": cfg["model"], "breakdown": r.breakdown, "gen_tokens": r.gen_tokens,
+                                "n_errors": r.n_errors}, ensure_ascii=False, default=str),
+        })
+        rows = tool_call_rows(eid, r.messages)
+        episodes[-1]["n_tool_calls"] = len(rows)
+        calls.extend(rows)
+        metas[r.task_id] = {"task_id": r.task_id, "task_family": meta.get("family"), "seed": r.seed,
+                            "required_capabilities": json.dumps(meta.get("required_capabilities") or []),
+                            "reference_actions": None if ref is None else json.dumps(ref)}
+    rows_for_summary = [{"task_id": e["task_id"], "task_family": e["task_family"], "seed": e["seed"],
+                         "success": e["success"], "reward": e["reward"]} for e in episodes]
+    summary, per_task = summarize(rows_for_summary, cfg["trials"])
+    gen_tokens = sum(r.gen_tokens for r in results)
+    summary["wall_s"] = round(wall, 2)
+    summary["episodes_per_s"] = round(len(results) / wall, 3) if wall > 0 else None
+    summary["gen_tokens_per_s"] = round(gen_tokens / wall, 1) if wall > 0 else None
+    with store.writer("rollouts", NAME, cfg, prepared.inputs, name=name, overrides=overrides, seed=cfg["seed"],
+                      id=prepared.id, replace=replace) as w:
+        write_tables(w.path, episodes, calls)
+        n_succ = sum(e["success"] for e in episodes)
+        w.summary.update({"episodes": len(episodes), "successes": n_succ, "failures": len(episodes) - n_succ,
+                          "tool_calls": len(calls), "env": str(cfg["env"]), "model": cfg["model"]})
+    rollouts_art = w.artifact
+    with store.writer("eval", NAME, cfg, prepared.inputs, name=name, overrides=overrides, seed=cfg["seed"],
+                      id=prepared.id, replace=replace) as w:
+        table_rows = [{**t, "pass_hat_k": json.dumps(t["pass_hat_k"])} for t in per_task]
+        pq.write_table(pa.Table.from_pylist(table_rows, schema=EVAL_RESULTS_SCHEMA), w.path / RESULTS_FILE)
+        pq.write_table(pa.Table.from_pylist(list(metas.values()), schema=TASK_META_SCHEMA), w.path / TASKS_FILE)
+        w.summary.update(summary)
+        w.summary["rollouts"] = rollouts_art.uri
+    return {"rollouts": rollouts_art, "eval": w.artifact}

@@ -1,0 +1,109 @@
+"""Supervised fine-tuning of a policy on environment demonstrations (reference solutions, optionally with
+named behaviours withheld — "deficits" — so the resulting base agent fails where we decided it would).
+
+Each demonstration is rendered with the prefix-preserving training template; the loss covers only the
+assistant tokens (the template's `{% generation %}` spans), i.e. exactly what the agent emits at rollout time.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def demonstrations(env_ref: Any, seeds: list[int], deficits: set[str], store: Any = None) -> list[dict[str, Any]]:
+    from trace_cli.envs.registry import make_env
+    from trace_cli.envs.rollout import replay
+
+    out = []
+    for s in seeds:
+        env = make_env(env_ref, store=store)
+        env.reset(s)
+        demo = getattr(env, "demonstration", None)
+        actions = demo(set(deficits)) if (deficits and demo is not None) else env.reference_actions()
+        ep = replay(make_env(env_ref, store=store), s, actions)
+        out.append({"seed": s, "messages": ep.messages, "tools": ep.tools, "reward": ep.reward,
+                    "family": (ep.metadata or {}).get("family")})
+    return out
+
+
+def tokenize(tok, demos: list[dict[str, Any]], max_length: int) -> list[tuple[list[int], list[int]]]:
+    """(input_ids, labels) per demo; labels are -100 outside assistant turns. Too-long demos are dropped."""
+    from trace_cli.models.templates import qwen3_training_template
+
+    out = []
+    for d in demos:
+        enc = tok.apply_chat_template(
+            d["messages"], tools=d["tools"], chat_template=qwen3_training_template(), tokenize=True,
+            return_dict=True, return_assistant_tokens_mask=True, enable_thinking=False,
+        )
+        ids = list(enc["input_ids"])
+        mask = list(enc["assistant_masks"])
+        if len(ids) > max_length or not any(mask):
+            continue
+        out.append((ids, [t if m else -100 for t, m in zip(ids, mask, strict=True)]))
+    return out
+
+
+def train_sft(model, tok, examples: list[tuple[list[int], list[int]]], *, epochs: float, lr: float,
+              batch_size: int, seed: int, max_minutes: float | None = None,
+              log: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """AdamW + linear warmup + cosine decay over length-bucketed batches; returns per-step metrics."""
+    import torch
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
+    steps_per_epoch = math.ceil(len(examples) / batch_size)
+    total = max(1, int(steps_per_epoch * epochs))
+    warmup = max(1, total // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total)))
+    )
+    pad = tok.pad_token_id
+    metrics: list[dict[str, Any]] = []
+    t0 = time.monotonic()
+    step = 0
+    while step < total:
+        order = list(range(len(examples)))
+        rng.shuffle(order)
+        # bucket by length inside chunks of 32 batches: less padding, still shuffled
+        chunk = batch_size * 32
+        batches = []
+        for i in range(0, len(order), chunk):
+            part = sorted(order[i : i + chunk], key=lambda j: len(examples[j][0]))
+            batches += [part[k : k + batch_size] for k in range(0, len(part), batch_size)]
+        rng.shuffle(batches)
+        for b in batches:
+            if step >= total:
+                break
+            if max_minutes is not None and time.monotonic() - t0 > max_minutes * 60:
+                return metrics
+            L = max(len(examples[j][0]) for j in b)
+            ids = torch.full((len(b), L), pad, dtype=torch.long)
+            labels = torch.full((len(b), L), -100, dtype=torch.long)
+            att = torch.zeros((len(b), L), dtype=torch.long)
+            for r, j in enumerate(b):
+                x, y = examples[j]
+                ids[r, : len(x)] = torch.tensor(x)
+                labels[r, : len(y)] = torch.tensor(y)
+                att[r, : len(x)] = 1
+            out = model(input_ids=ids, attention_mask=att, labels=labels)
+            out.loss.backward()
+            gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            m = {"step": step, "loss": float(out.loss), "grad_norm": float(gn), "lr": sched.get_last_lr()[0],
+                 "tokens": int(att.sum()), "elapsed_s": time.monotonic() - t0}
+            metrics.append(m)
+            if log:
+                log(m)
+            step += 1
+    model.eval()
+    return metrics
