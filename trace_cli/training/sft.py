@@ -48,6 +48,19 @@ def tokenize(tok, demos: list[dict[str, Any]], max_length: int) -> list[tuple[li
     return out
 
 
+def assistant_loss(model, ids, att, labels):
+    """Next-token cross-entropy on labelled positions only; the LM head runs just there (most tokens are
+    prompt, so this skips most of the vocabulary projection)."""
+    import torch.nn.functional as F
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    h = base.model(input_ids=ids, attention_mask=att).last_hidden_state
+    tgt = labels[:, 1:]
+    sel = tgt != -100
+    logits = base.lm_head(h[:, :-1][sel])
+    return F.cross_entropy(logits.float(), tgt[sel])
+
+
 def train_sft(model, tok, examples: list[tuple[list[int], list[int]]], *, epochs: float, lr: float,
               batch_size: int, seed: int, max_minutes: float | None = None,
               log: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
@@ -93,13 +106,13 @@ def train_sft(model, tok, examples: list[tuple[list[int], list[int]]], *, epochs
                 ids[r, : len(x)] = torch.tensor(x)
                 labels[r, : len(y)] = torch.tensor(y)
                 att[r, : len(x)] = 1
-            out = model(input_ids=ids, attention_mask=att, labels=labels)
-            out.loss.backward()
+            loss = assistant_loss(model, ids, att, labels)
+            loss.backward()
             gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
-            m = {"step": step, "loss": float(out.loss), "grad_norm": float(gn), "lr": sched.get_last_lr()[0],
+            m = {"step": step, "loss": float(loss.detach()), "grad_norm": float(gn), "lr": sched.get_last_lr()[0],
                  "tokens": int(att.sum()), "elapsed_s": time.monotonic() - t0}
             metrics.append(m)
             if log:
