@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
+import threading
 import traceback
 
 import click
@@ -87,10 +89,33 @@ def cli():
     """
 
 
+_INTERRUPTED = False
+
+
+def _on_sigint(signum, frame):
+    """Python's default Ctrl-C behaviour, plus a note: libraries (DuckDB) may turn the KeyboardInterrupt
+    into their own exception, which must still end as 'interrupted' (exit 130), not as an internal error."""
+    global _INTERRUPTED
+    _INTERRUPTED = True
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> None:
+    global _VERBOSE, _INTERRUPTED
     args = list(sys.argv[1:] if argv is None else argv)
-    if os.environ.get("TRACE_VERBOSE") in ("1", "true", "yes"):
-        set_verbose(True)
+    _VERBOSE = os.environ.get("TRACE_VERBOSE") in ("1", "true", "yes")  # per invocation, not sticky
+    _INTERRUPTED = False
+    previous = None
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        previous = signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        _run(args)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _run(args: list[str]) -> None:
     try:
         cli.main(args=args, prog_name="trace", standalone_mode=False)
     except click.exceptions.Exit as e:
@@ -114,6 +139,9 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:  # an internal bug: one line by default, the traceback with -v
         if _VERBOSE:
             traceback.print_exc()
+        if _INTERRUPTED:  # Ctrl-C that a library re-raised as its own error
+            click.echo("interrupted", err=True)
+            sys.exit(130)
         click.echo(f"error: internal error: {type(e).__name__}: {e} (rerun with -v for the traceback)", err=True)
         sys.exit(1)
     sys.exit(0)

@@ -142,8 +142,7 @@ def gc(dry_run, store_dir):
     """Remove half-written temp directories left by killed runs."""
     st = open_store(store_dir)
     if dry_run:
-        tmp = sorted(str(p) for p in st.tmp_root.iterdir()) if st.tmp_root.is_dir() else []
-        for t in tmp:
+        for t in st.gc(dry_run=True):
             click.echo(f"would remove {t}")
         return
     removed = st.gc()

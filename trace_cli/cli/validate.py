@@ -24,9 +24,7 @@ def validate(files):
     failed = 0
     for f in files:
         try:
-            schema = validate_file(f)
-            if f.endswith(("recipe.yaml", ".yaml", ".yml")):
-                _check_recipe(f)
+            schema = "recipe.v1.json" if _check_recipe(f) else validate_file(f)
             click.echo(f"{f}: ok ({schema})")
         except TraceError as e:
             failed += 1
@@ -35,12 +33,19 @@ def validate(files):
         raise UsageError(f"{failed} of {len(files)} file(s) invalid")
 
 
-def _check_recipe(path: str) -> None:
-    """Recipes get the deeper checks too: each step's `with` against its stage, references and cycles."""
+def _check_recipe(path: str) -> bool:
+    """Recipes get the deeper checks too (each step's `with` against its stage, references, cycles), all
+    reported together with the schema errors. Returns False when the file is not a recipe."""
+    from pathlib import Path
+
     from trace_cli.config.loading import load_document
 
+    if Path(path).suffix not in (".yaml", ".yml", ".json"):
+        return False
     doc = load_document(path)
-    if isinstance(doc, dict) and doc.get("kind") == "recipe":
-        from trace_cli.recipes import load_recipe
+    if not (isinstance(doc, dict) and doc.get("kind") == "recipe"):
+        return False
+    from trace_cli.recipes import load_recipe
 
-        load_recipe(path)
+    load_recipe(path)
+    return True

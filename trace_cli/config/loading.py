@@ -13,6 +13,21 @@ import yaml
 from trace_cli.errors import InputError, NotFoundError, UsageError
 
 
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads `1e-5` as a number (YAML 1.2; YAML 1.1 wants `1.0e-5` and gives a string)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def _yaml_load(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+
+
 def load_document(path: str | Path) -> Any:
     """Load one YAML or JSON file; syntax errors name the file, line and column."""
     p = Path(path)
@@ -20,11 +35,14 @@ def load_document(path: str | Path) -> Any:
         raise NotFoundError(f"{p}: no such file")
     if p.is_dir():
         raise InputError(f"{p}: is a directory, expected a YAML or JSON file")
-    text = p.read_text(encoding="utf-8")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{p}: not a UTF-8 text file (byte {e.start}: {e.reason}); expected YAML or JSON") from e
     try:
         if p.suffix == ".json":
             return json.loads(text)
-        return yaml.safe_load(text)
+        return _yaml_load(text)
     except json.JSONDecodeError as e:
         raise InputError(f"{p}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from e
     except yaml.YAMLError as e:
@@ -57,7 +75,7 @@ def parse_override(text: str) -> tuple[list[str | int], Any]:
         raise UsageError(f"--set {text!r}: expected KEY=VALUE, e.g. --set steps.train.with.lora.rank=16")
     key, raw = text.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
+        value = _yaml_load(raw) if raw != "" else ""
     except yaml.YAMLError:
         value = raw
     return _split_path(key.strip()), value

@@ -18,6 +18,8 @@ SCHEMA_BY_KIND: dict[str, str] = {
     "recipe": "recipe.v1.json",
     "manifest": "manifest.v1.json",
     "episode": "episode.v1.json",
+    "capabilities": "capabilities.v1.json",
+    "diagnosis": "diagnosis.v1.json",
 }
 
 
@@ -98,11 +100,14 @@ def _messages(error) -> list[tuple[list[Any], str]]:
     return [(path, error.message)]
 
 
-def validate(doc: Any, schema_name: str, *, source: str | None = None) -> None:
-    """Raise ValidationError listing every problem as `path: message`; return None when valid."""
+def validate(doc: Any, schema_name: str | dict[str, Any], *, source: str | None = None) -> None:
+    """Raise ValidationError listing every problem as `path: message`; return None when valid.
+
+    `schema_name` is a shipped schema's file name, or a schema document itself (a stage's CONFIG_SCHEMA).
+    """
     from jsonschema import Draft202012Validator
 
-    schema = load_schema(schema_name)
+    schema = load_schema(schema_name) if isinstance(schema_name, str) else schema_name
     validator = Draft202012Validator(schema, registry=_registry())
     problems: list[tuple[list[Any], str]] = []
     for err in sorted(validator.iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path]):
@@ -148,7 +153,15 @@ def validate_file(path: str | Path) -> str:
             from trace_cli.errors import NotFoundError
 
             raise NotFoundError(f"{p}: no such file")
-        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
+        if p.is_dir():
+            raise InputError(f"{p}: is a directory, expected a JSONL file")
+        try:
+            text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(f"{p}: not a UTF-8 text file (byte {e.start}: {e.reason})") from e
+        if not text.strip():
+            raise InputError(f"{p}: the file is empty; expected one JSON episode per line")
+        for i, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
             try:

@@ -110,22 +110,36 @@ def _by_id(doc: dict[str, Any]) -> dict[str, Any]:
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     """Load and fully validate a recipe; raise ValidationError with every problem found."""
-    from trace_cli.stages import STAGES, get_stage
+    from trace_cli.stages import STAGES, config_schema, get_stage
 
     p = Path(path)
     doc = load_document(p)
     if doc is None:
         raise UsageError(f"{p}: the recipe file is empty")
-    validate(doc, "recipe.v1.json", source=str(p))
     errors: list[str] = []
-    ids = [s["id"] for s in doc["steps"]]
-    for i, sid in enumerate(ids):
-        if ids.index(sid) != i:
-            errors.append(f"steps[{i}].id: duplicate step id {sid!r} (also steps[{ids.index(sid)}])")
-    if errors:
-        raise ValidationError(errors, source=str(p))
+    try:
+        validate(doc, "recipe.v1.json", source=str(p))
+    except ValidationError as ve:
+        if not isinstance(doc, dict) or not isinstance(doc.get("steps"), list):
+            raise
+        errors += ve.errors  # keep going: the well-formed steps are checked too, so every error shows at once
+    # (file index, step) for steps well-formed enough to check their `with`, references and cycles
+    raw = [
+        (i, s)
+        for i, s in enumerate(doc["steps"])
+        if isinstance(s, dict) and isinstance(s.get("id"), str) and isinstance(s.get("uses"), str)
+        and isinstance(s.get("with") or {}, dict)
+    ]
+    ids = [s["id"] for _, s in raw]
+    all_ids = {s.get("id") for s in doc["steps"] if isinstance(s, dict)}  # a malformed step still exists
+    first: dict[str, int] = {}
+    for i, s in raw:
+        if s["id"] in first:
+            errors.append(f"steps[{i}].id: duplicate step id {s['id']!r} (also steps[{first[s['id']]}])")
+        else:
+            first[s["id"]] = i
     applied: list[dict[str, Any]] = []
-    if overrides:
+    if overrides and not errors:  # overrides address steps by id, which needs a well-formed recipe
         for o in overrides:
             if not o.split("=", 1)[0].startswith("steps."):
                 raise UsageError(f"--set {o!r}: recipe overrides look like steps.STEP_ID.with.KEY=VALUE")
@@ -137,8 +151,9 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
         doc = dict(by_id)
         doc["steps"] = [by_id["steps"][sid] for sid in ids]
         validate(doc, "recipe.v1.json", source=f"{p} (after --set)")
+        raw = list(enumerate(doc["steps"]))
     steps = []
-    for i, s in enumerate(doc["steps"]):
+    for i, s in raw:
         step = Step(s["id"], s["uses"], dict(s.get("with") or {}), s.get("name"), i)
         step.overrides = [a for a in applied if a["key"].split(".")[1].split("[")[0] == step.id]
         steps.append(step)
@@ -147,12 +162,12 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
             errors.append(f"steps[{s.index}].uses: unknown stage {s.uses!r}; expected one of: {', '.join(sorted(STAGES))}")
             continue
         try:
-            validate(s.with_, f"config/{s.uses}.v1.json")
+            validate(s.with_, config_schema(s.uses))
         except ValidationError as ve:
             errors += [f"steps[{s.index}].with" + ("" if e.startswith("<root>") else ".") + e.removeprefix("<root>") for e in ve.errors]
         outputs_of = {t.id: get_stage(t.uses).OUTPUTS for t in steps if t.uses in STAGES}
         for path_, sid, out in s.refs():
-            if sid not in ids:
+            if sid not in all_ids:
                 errors.append(f"{path_}: dangling reference ${{steps.{sid}.outputs.{out}}}: no step {sid!r}")
             elif sid == s.id:
                 errors.append(f"{path_}: step {s.id!r} refers to its own output")
@@ -161,26 +176,29 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
                     f"{path_}: step {sid!r} ({next(t.uses for t in steps if t.id == sid)}) has no output {out!r}; "
                     f"outputs: {', '.join(outputs_of[sid])}"
                 )
-
-        def scan(v: Any, path_: str) -> None:
-            if isinstance(v, str):
-                for m in ANY_REF_RE.finditer(v):
-                    if not REF_RE.fullmatch(m.group(0)):
-                        errors.append(f"{path_}: cannot parse reference {m.group(0)!r}; use ${{steps.ID.outputs.NAME}}")
-            elif isinstance(v, dict):
-                for k, x in v.items():
-                    scan(x, f"{path_}.{k}")
-            elif isinstance(v, list):
-                for j, x in enumerate(v):
-                    scan(x, f"{path_}[{j}]")
-
-        scan(s.with_, f"steps[{s.index}].with")
+        errors += _unparsable_refs(s.with_, f"steps[{s.index}].with")
     cycle = _find_cycle(steps)
     if cycle:
         errors.append("cycle: " + " -> ".join(cycle))
     if errors:
-        raise ValidationError(errors, source=str(p))
+        raise ValidationError(errors, source=f"{p} (after --set)" if applied else str(p))
     return Recipe(p, steps, applied)
+
+
+def _unparsable_refs(v: Any, path_: str) -> list[str]:
+    """`${...}` strings that are not `${steps.ID.outputs.NAME}` (typos would otherwise pass as literals)."""
+    out: list[str] = []
+    if isinstance(v, str):
+        for m in ANY_REF_RE.finditer(v):
+            if not REF_RE.fullmatch(m.group(0)):
+                out.append(f"{path_}: cannot parse reference {m.group(0)!r}; use ${{steps.ID.outputs.NAME}}")
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            out += _unparsable_refs(x, f"{path_}.{k}")
+    elif isinstance(v, list):
+        for j, x in enumerate(v):
+            out += _unparsable_refs(x, f"{path_}[{j}]")
+    return out
 
 
 def _find_cycle(steps: list[Step]) -> list[str] | None:

@@ -6,7 +6,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from trace_cli.config.schemas import load_schema, validate
+from trace_cli.config.schemas import validate
 from trace_cli.store import Artifact, Store
 
 
@@ -24,11 +24,14 @@ def apply_defaults(config: dict[str, Any], schema: dict[str, Any]) -> dict[str, 
 
 
 def checked_config(stage: str, config: dict[str, Any], *, source: str | None = None) -> dict[str, Any]:
-    """Validate a stage config against `config/<stage>.v1.json` (all errors at once) and fill defaults."""
-    schema_name = f"config/{stage}.v1.json"
+    """Validate a stage config against `config/<stage>.v1.json` (or the stage's CONFIG_SCHEMA), reporting
+    all errors at once, and fill defaults."""
+    from trace_cli.stages import config_schema
+
+    schema = config_schema(stage)
     cfg = {k: v for k, v in (config or {}).items() if v is not None or k == "seed"}
-    validate(cfg, schema_name, source=source)
-    cfg = apply_defaults(cfg, load_schema(schema_name))
+    validate(cfg, schema, source=source)
+    cfg = apply_defaults(cfg, schema)
     cfg.pop("kind", None)
     return cfg
 

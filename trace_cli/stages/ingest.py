@@ -99,8 +99,44 @@ def _tau2_messages(raw: list[Any], where: str) -> tuple[list[dict[str, Any]], li
     return out, problems
 
 
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not a UTF-8 text file (byte {e.start}: {e.reason}); expected JSON") from e
+
+
+def _mapping(v: Any, path: Path, key: str) -> dict[str, Any]:
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise InputError(f"{path}: {key}: expected an object, got {_type_name(v)}")
+    return v
+
+
+def _tau2_tasks(raw: Any, path: Path) -> dict[str, Any]:
+    """Task id -> task; the parts ingest reads (evaluation_criteria.actions) are type-checked."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, list):
+        raise InputError(f"{path}: tasks: expected an array, got {_type_name(raw)}")
+    tasks: dict[str, Any] = {}
+    for i, t in enumerate(raw):
+        if not isinstance(t, dict) or "id" not in t:
+            continue
+        where = f"{path}: tasks[{i}] (id {t['id']})"
+        ec = _mapping(t.get("evaluation_criteria"), path, f"tasks[{i}] (id {t['id']}).evaluation_criteria")
+        acts = ec.get("actions")
+        if acts is not None and (not isinstance(acts, list) or not all(isinstance(a, dict) for a in acts)):
+            raise InputError(f"{where}.evaluation_criteria.actions: expected an array of objects")
+        tasks[str(t["id"])] = t
+    return tasks
+
+
 def _parse_tau2(path: Path, source: str) -> tuple[list[tuple[dict, list[dict]]], list[RecordError]]:
-    text = path.read_text(encoding="utf-8")
+    text = _read_text(path)
+    if not text.strip():
+        raise InputError(f"{path}: the file is empty; expected a τ²-bench results JSON")
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
@@ -116,15 +152,14 @@ def _parse_tau2(path: Path, source: str) -> tuple[list[tuple[dict, list[dict]]],
         raise InputError(f"{path}: `simulations` must be an array, got {_type_name(sims)}")
     if not sims:
         raise InputError(f"{path}: `simulations` is empty; nothing to ingest")
-    info = doc.get("info") or {}
-    env_info = info.get("environment_info") or {}
+    info = _mapping(doc.get("info"), path, "info")
+    env_info = _mapping(info.get("environment_info"), path, "info.environment_info")
     domain = env_info.get("domain_name")
+    if domain is not None and not isinstance(domain, str):
+        raise InputError(f"{path}: info.environment_info.domain_name: expected a string, got {_type_name(domain)}")
     tools = env_info.get("tool_defs")
-    agent_llm = (info.get("agent_info") or {}).get("llm")
-    tasks: dict[str, Any] = {}
-    for t in doc.get("tasks") or []:
-        if isinstance(t, dict) and "id" in t:
-            tasks[str(t["id"])] = t
+    agent_llm = _mapping(info.get("agent_info"), path, "info.agent_info").get("llm")
+    tasks = _tau2_tasks(doc.get("tasks"), path)
     good: list[tuple[dict, list[dict]]] = []
     bad: list[RecordError] = []
     seen: dict[str, int] = {}
@@ -175,7 +210,7 @@ def _parse_tau2(path: Path, source: str) -> tuple[list[tuple[dict, list[dict]]],
         task = tasks.get(str(task_id))
         ref_actions = None
         if task is not None:
-            acts = ((task.get("evaluation_criteria") or {}).get("actions")) or None
+            acts = (task.get("evaluation_criteria") or {}).get("actions") or None
             if acts:
                 ref_actions = [
                     {"name": a.get("name"), "arguments": a.get("arguments", {}), "requestor": a.get("requestor")}
@@ -236,7 +271,7 @@ def _parse_jsonl(path: Path, source: str) -> tuple[list[tuple[dict, list[dict]]]
     from trace_cli.config.schemas import validate
     from trace_cli.errors import ValidationError
 
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = _read_text(path).splitlines()
     if not any(line.strip() for line in lines):
         raise InputError(f"{path}: the file is empty; expected one JSON episode per line")
     good: list[tuple[dict, list[dict]]] = []

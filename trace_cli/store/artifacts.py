@@ -319,11 +319,17 @@ class Store:
                 problems.append({"kind": art.kind, "id": art.id, "problems": issues})
         return problems
 
-    def gc(self, *, min_age_s: float = 0.0) -> list[str]:
-        """Remove half-written temp dirs (and artifact dirs that never got a manifest)."""
+    def gc(self, *, min_age_s: float = 0.0, dry_run: bool = False) -> list[str]:
+        """Remove half-written temp dirs, artifact dirs that never got a manifest, and index files of a
+        killed `reindex`; with `dry_run`, only return what would be removed."""
         import time
 
-        removed = []
+        def drop(p: Path) -> None:
+            if not dry_run:
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+            removed.append(str(p))
+
+        removed: list[str] = []
         now = time.time()
         if self.tmp_root.is_dir():
             for d in sorted(self.tmp_root.iterdir()):
@@ -333,24 +339,31 @@ class Store:
                 if pid is not None and pid != os.getpid() and _alive(pid) and min_age_s == 0:
                     # still being written by a live process; leave it
                     continue
-                shutil.rmtree(d, ignore_errors=True) if d.is_dir() else d.unlink(missing_ok=True)
-                removed.append(str(d))
+                drop(d)
         for k in layout.KINDS:
             kd = self.root / k
             if kd.is_dir():
                 for d in sorted(kd.iterdir()):
                     if d.is_dir() and not (d / layout.MANIFEST).exists():
-                        shutil.rmtree(d, ignore_errors=True)
-                        removed.append(str(d))
+                        drop(d)
+        if self.root.is_dir():
+            for f in sorted(self.root.glob(".index-*.duckdb*")):  # .index-PID-HEX.duckdb[.wal], see index.rebuild
+                parts = f.name.split("-")
+                pid = int(parts[1]) if len(parts) >= 3 and parts[1].isdigit() else None
+                if pid is not None and pid != os.getpid() and _alive(pid):
+                    continue
+                drop(f)
         return removed
 
     # ---------------------------------------------------------------- index
     def index_add(self, art: Artifact) -> None:
+        import duckdb
+
         from trace_cli.store import index
 
         try:
             index.add_artifact(self, art)
-        except StoreError as e:  # the files are the truth; the index can be rebuilt
+        except (StoreError, duckdb.Error) as e:  # the files are the truth; the index can be rebuilt
             print(f"warning: index not updated ({e}); run `trace store reindex`", file=sys.stderr)
 
     def reindex(self) -> dict[str, int]:

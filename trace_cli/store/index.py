@@ -7,21 +7,24 @@ is written in the v1.5 storage format so the plain `duckdb` CLI (1.5 LTS or 2.x)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trace_cli.errors import StoreError, UsageError
-from trace_cli.store import layout
 from trace_cli.store.tables import TABLES, duck_type
 
 if TYPE_CHECKING:
     from trace_cli.store.artifacts import Artifact, Store
 
 STORAGE_VERSION = "v1.5.0"
+LOCK = ".index.lock"  # advisory lock file held while the index is written
 _LOCK_WAIT_S = 30.0
 
 DDL = [
@@ -116,45 +119,93 @@ def _refresh_views(con, store: Store, kinds: set[str] | None = None) -> None:
         con.execute(sql)
 
 
+def _moved(con, store: Store) -> bool:
+    """True when the index was built for the store at another path (copied or moved): its views would read
+    the old location's files, so it is rebuilt."""
+    import duckdb
+
+    root = str(store.root).rstrip("/") + "/"
+    try:
+        row = con.execute("SELECT count(*) FROM artifacts WHERE NOT starts_with(path, ?)", [root]).fetchone()
+    except duckdb.Error:  # no artifacts table: not an index this version wrote
+        return True
+    return bool(row and row[0])
+
+
+@contextlib.contextmanager
+def _write_lock(store: Store) -> Iterator[None]:
+    """Serialise index writers across processes, so a first-time build or `reindex` (which replaces the
+    file) cannot race another process's add and drop its artifact from the index."""
+    store.ensure()
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: DuckDB's own file lock still serialises the writes themselves
+        yield
+        return
+    with open(store.root / LOCK, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def add_artifact(store: Store, art: Artifact) -> None:
     """Index one newly committed artifact (rebuilds the whole index if it does not exist yet)."""
-    if not store.index_path.exists():
-        rebuild(store)
-        return
-    con = _connect(store.index_path)
-    try:
-        for ddl in DDL:
-            con.execute(ddl)
-        con.execute("BEGIN TRANSACTION")
-        _insert_artifact(con, store, art)
-        _refresh_names(con, store)
-        _refresh_views(con, store, {art.kind})
-        con.execute("COMMIT")
-    finally:
-        con.close()
+    with _write_lock(store):
+        if not store.index_path.exists():
+            _rebuild(store)
+            return
+        con = _connect(store.index_path)
+        if _moved(con, store):
+            con.close()
+            _rebuild(store)
+            return
+        try:
+            for ddl in DDL:
+                con.execute(ddl)
+            con.execute("BEGIN TRANSACTION")
+            _insert_artifact(con, store, art)
+            _refresh_names(con, store)
+            _refresh_views(con, store, {art.kind})
+            con.execute("COMMIT")
+        finally:
+            con.close()
 
 
 def rebuild(store: Store) -> dict[str, int]:
     """Build a fresh index from the manifests into a temp file, then atomically replace the old one."""
-    store.ensure()
+    with _write_lock(store):
+        return _rebuild(store)
+
+
+def _rebuild(store: Store) -> dict[str, int]:
     tmp = store.root / f".index-{os.getpid()}-{uuid.uuid4().hex[:6]}.duckdb"
+    tmp_wal = Path(str(tmp) + ".wal")
     arts = store.list()
-    con = _connect(tmp)
     try:
-        for ddl in DDL:
-            con.execute(ddl)
-        for art in arts:
-            _insert_artifact(con, store, art)
-        _refresh_names(con, store)
-        _refresh_views(con, store)
-        counts = {"artifacts": len(arts), "names": len(store.names())}
-        counts["lineage"] = con.execute("SELECT count(*) FROM lineage").fetchone()[0]
-    finally:
-        con.close()
+        con = _connect(tmp)
+        try:
+            for ddl in DDL:
+                con.execute(ddl)
+            for art in arts:
+                _insert_artifact(con, store, art)
+            _refresh_names(con, store)
+            _refresh_views(con, store)
+            counts = {"artifacts": len(arts), "names": len(store.names())}
+            counts["lineage"] = con.execute("SELECT count(*) FROM lineage").fetchone()[0]
+        finally:
+            con.close()
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        tmp_wal.unlink(missing_ok=True)
+        raise
+    # a WAL left by a process killed while writing the old index must not be replayed onto the new one
+    wal = Path(str(store.index_path) + ".wal")
+    wal.unlink(missing_ok=True)
     os.replace(tmp, store.index_path)
-    wal = Path(str(tmp) + ".wal")
-    if wal.exists():
-        os.replace(wal, Path(str(store.index_path) + ".wal"))
+    if tmp_wal.exists():
+        os.replace(tmp_wal, wal)
     return counts
 
 
@@ -167,14 +218,43 @@ def query(store: Store, sql: str, params: list[Any] | None = None) -> tuple[list
             raise UsageError(f"store {store.root} does not exist (nothing has been written yet)")
         rebuild(store)
     con = _connect(store.index_path, read_only=True)
+    if _moved(con, store):
+        con.close()
+        rebuild(store)
+        con = _connect(store.index_path, read_only=True)
     try:
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def work() -> None:
+            try:
+                cur = con.execute(sql, params or [])
+                box["cols"] = [d[0] for d in cur.description] if cur.description is not None else []
+                box["rows"] = cur.fetchall() if cur.description is not None else []
+            except BaseException as e:  # handed to the calling thread
+                box["error"] = e
+            finally:
+                done.set()
+
+        # DuckDB does not see SIGINT while it executes on the main thread, so a long query would ignore Ctrl-C:
+        # run it on a worker and interrupt it from here, then re-raise (exit code 130). (An Event, not
+        # Thread.join: a join interrupted by KeyboardInterrupt can leave is_alive() wrong on Python 3.11.)
+        worker = threading.Thread(target=work, name="trace-sql", daemon=True)
         try:
-            cur = con.execute(sql, params or [])
-        except duckdb.Error as e:
-            raise UsageError(f"SQL error: {str(e).strip()}") from e
-        if cur.description is None:
-            return [], []
-        cols = [d[0] for d in cur.description]
-        return cols, cur.fetchall()
+            worker.start()
+            while not done.wait(0.05):
+                pass
+        except KeyboardInterrupt:
+            while not done.is_set() and worker.ident is not None:  # ident is None: it never started
+                with contextlib.suppress(duckdb.Error):
+                    con.interrupt()
+                done.wait(0.05)
+            raise
+        err = box.get("error")
+        if isinstance(err, duckdb.Error):
+            raise UsageError(f"SQL error: {str(err).strip()}") from err
+        if err is not None:
+            raise err
+        return box["cols"], box["rows"]
     finally:
         con.close()

@@ -23,13 +23,16 @@ from trace_cli.store.tables import EPISODES_SCHEMA, TOOL_CALLS_SCHEMA
 
 def tool_call_rows(episode_id: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per tool call, paired with its result (by tool_call_id, else the next unclaimed tool message)."""
+    call_ids = {tc.get("id") for m in messages for tc in (m.get("tool_calls") or []) if tc.get("id")}
     results: dict[str, dict[str, Any]] = {}
     unclaimed: list[tuple[int, dict[str, Any]]] = []
     for i, m in enumerate(messages):
         if m.get("role") == "tool":
             if m.get("tool_call_id"):
                 results.setdefault(m["tool_call_id"], m)
-            unclaimed.append((i, m))
+            # a result that answers a known call id belongs to that call only; never pair it by position
+            if m.get("tool_call_id") not in call_ids:
+                unclaimed.append((i, m))
     used: set[int] = set()
     rows = []
     for turn, m in enumerate(messages):

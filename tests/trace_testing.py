@@ -1,0 +1,105 @@
+"""Test helpers: paths to the shared τ²-bench data, in-process/subprocess `trace` runs, store snapshots, JSONL records."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# The shared data lives beside the repository (repo/../shared), both here and in CI clones.
+TAU2_DIR = (REPO / ".." / "shared" / "data" / "tau2").resolve()
+TAU2_FILES = {
+    "retail": "results_gpt-4.1_retail_test.json",
+    "airline": "results_gpt-4.1_airline_test.json",
+    "telecom": "results_gpt-4o_telecom_small.json",
+}
+BIN = Path(sys.executable).parent
+
+
+@dataclass
+class Result:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> Result:
+    """Run `trace ARGS` in-process through `trace_cli.cli.main`, so exit codes are mapped as in the console script."""
+    from click.testing import CliRunner
+
+    from trace_cli.cli import main
+
+    runner = CliRunner()
+    with runner.isolation(env=env) as (out, err, _):
+        try:
+            main([str(a) for a in args])
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        return Result(code, out.getvalue().decode(), err.getvalue().decode())
+
+
+def run_trace(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 120):
+    """Run the installed `trace` console script in a real subprocess."""
+    e = dict(os.environ)
+    e["TRACE_NO_PROGRESS"] = "1"
+    e.pop("TRACE_STORE", None)
+    if env:
+        e.update(env)
+    exe = BIN / "trace"
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "trace_cli"]
+    return subprocess.run(
+        cmd + [str(a) for a in args], cwd=cwd, env=e, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def snapshot(root: Path) -> list[tuple[str, int, int]]:
+    """Every path under a store with size and mtime: equal snapshots = nothing was written or touched."""
+    if not root.exists():
+        return []
+    out = []
+    for p in sorted(root.rglob("*")):
+        st = p.stat()
+        out.append((p.relative_to(root).as_posix(), st.st_size if p.is_file() else -1, st.st_mtime_ns))
+    return out
+
+
+def write_jsonl(path: Path, records: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
+    return path
+
+
+def episode(eid: str = "ep-1", task_id: str = "t1", reward: float = 1.0, **extra) -> dict:
+    """A valid JSONL episode record: OpenAI chat messages with a tool call (string arguments) and its result."""
+    rec = {
+        "episode_id": eid,
+        "task_id": task_id,
+        "reward": reward,
+        "messages": [
+            {"role": "system", "content": "You are a shop assistant."},
+            {"role": "user", "content": "Where is order #12?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"{eid}-c1",
+                        "type": "function",
+                        "function": {"name": "get_order", "arguments": '{"order_id": "#12"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": f"{eid}-c1", "content": '{"status": "shipped"}'},
+            {"role": "assistant", "content": "It has shipped."},
+        ],
+    }
+    rec.update(extra)
+    return rec
