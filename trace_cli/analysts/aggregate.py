@@ -3,7 +3,7 @@
 Per labelling run and capability c, over episodes weighted by how often the run sampled them:
   ER⁻ = LACKING_failed / (LACKING_failed + PRESENT_failed)      (NA and ERROR labels excluded)
   ER⁺ = LACKING_passed / (LACKING_passed + PRESENT_passed)       (0 when no success needs c)
-  Δ   = ER⁻ − ER⁺,   coverage = LACKING_failed / all failed episodes
+  Δ   = ER⁻ − ER⁺,   coverage = LACKING_failed / all failed episodes (ERROR-labelled ones left out)
 A run passes c when coverage ≥ ρ and Δ ≥ δ (Δ undefined, i.e. no failure needs c, never passes);
 c is selected when it passes in ≥ K of N runs; selected capabilities are sorted by mean Δ.
 """
@@ -59,10 +59,15 @@ class RunStats:
 
 
 def run_stats(rows: Iterable[tuple[bool, str, float]]) -> RunStats:
-    """rows: (episode succeeded?, label, weight) for one capability in one run."""
+    """rows: (episode succeeded?, label, weight) for one capability in one run. ERROR labels (the analyst
+    gave no usable answer) are counted in `errors` only: they enter neither the rates nor the coverage
+    denominator, since nothing is known about those episodes."""
     s = RunStats()
     for success, label, w in rows:
         if w <= 0:
+            continue
+        if label not in ("LACKING", "PRESENT", "NA"):
+            s.errors += w
             continue
         if success:
             s.total_passed += w
@@ -70,20 +75,16 @@ def run_stats(rows: Iterable[tuple[bool, str, float]]) -> RunStats:
                 s.lacking_passed += w
             elif label == "PRESENT":
                 s.present_passed += w
-            elif label == "NA":
-                s.na_passed += w
             else:
-                s.errors += w
+                s.na_passed += w
         else:
             s.total_failed += w
             if label == "LACKING":
                 s.lacking_failed += w
             elif label == "PRESENT":
                 s.present_failed += w
-            elif label == "NA":
-                s.na_failed += w
             else:
-                s.errors += w
+                s.na_failed += w
     return s
 
 

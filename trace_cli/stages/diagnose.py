@@ -5,8 +5,8 @@ schema-validated), labels.parquet (view `labels`), candidates.yaml and per-run s
 
 from __future__ import annotations
 
-import json
 import random
+import sys
 from collections import Counter
 from importlib import resources
 from pathlib import Path
@@ -161,6 +161,10 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
         w = _weights(eps, r, cfg["seed"], bootstrap)
         for lb in run_labels:
             labels.append((lb, w.get(lb.episode_id, 0.0)))
+    n_err = sum(1 for lb, _ in labels if lb.label == "ERROR")
+    if n_err:
+        print(f"warning: {n_err} of {len(labels)} labels are ERROR (the {cfg['analyst']} analyst gave no usable "
+              "answer); they are left out of the counts", file=sys.stderr)
     per_run: dict[str, list] = {c.name: [] for c in cands}
     examples: dict[str, list[str]] = {c.name: [] for c in cands}
     for c in cands:
@@ -222,6 +226,6 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
         w.summary.update({"selected": [d["name"] for d in doc["selected"]],
                           "rejected": [d["name"] for d in doc["rejected"]],
                           "episodes": len(eps), "failed": n_fail, "analyst": cfg["analyst"],
-                          "label_errors": sum(1 for lb, _ in labels if lb.label == "ERROR")})
+                          "label_errors": n_err})
 
     return {"diagnosis": w.artifact}
