@@ -154,3 +154,24 @@ def test_gc_removes_the_temp_index_of_a_killed_reindex(store, tmp_path):
     assert f"removed {live}" in run_cli("store", "gc", "--store", store).stdout
     q = run_cli("store", "sql", "select count(*) as n from episodes", "--json", "--store", store)
     assert json.loads(q.stdout) == [{"n": 1}]
+
+
+def test_gc_keeps_resumable_training_work_dirs_unless_asked(tmp_path):
+    """A killed GRPO run leaves STORE/.tmp/train-<id>/ with a RESUMABLE marker: gc keeps it (for --resume)
+    while its lock is held or by default, and removes it with include_resumable."""
+    import fcntl
+
+    from trace_cli.store import Store
+
+    st = Store(tmp_path / "store")
+    work = st.tmp_root / "train-0123456789abcdef"
+    (work / "checkpoints").mkdir(parents=True)
+    (work / "RESUMABLE").write_text("{}\n")
+    stale = st.tmp_root / "rollouts-0123456789abcdef-999999-deadbeef"
+    stale.mkdir()
+    removed = st.gc()
+    assert str(stale) in removed and work.is_dir()
+    with open(work / ".lock", "a+") as fh:  # a live run holds the lock: never touched
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        assert st.gc(include_resumable=True) == [] and work.is_dir()
+    assert st.gc(include_resumable=True) == [str(work)] and not work.exists()

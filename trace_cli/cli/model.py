@@ -28,7 +28,7 @@ def init(preset, name, seed, envs, corpus_seeds, force, as_json, store_dir):
     cfg = {"preset": preset, "seed": seed}
     if envs:
         cfg["envs"] = list(envs)
-    if corpus_seeds:
+    if corpus_seeds is not None:  # 0 must reach validation (and fail there), not silently mean the default
         cfg["corpus_seeds"] = corpus_seeds
     out = execute("model", cfg, open_store(store_dir), name=name, force=force)
     a = out.main

@@ -135,17 +135,19 @@ def verify(as_json, store_dir):
         raise CheckFailed(f"{len(problems)} artifact(s) failed verification")
 
 
-@store.command("gc", epilog="Example:\n\n  trace store gc")
+@store.command("gc", epilog="Example:\n\n  trace store gc --dry-run\n\n  trace store gc --include-resumable")
 @click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
+@click.option("--include-resumable", is_flag=True,
+              help="Also remove checkpoints of interrupted training runs (otherwise kept for `trace train --resume`).")
 @store_option
-def gc(dry_run, store_dir):
+def gc(dry_run, include_resumable, store_dir):
     """Remove half-written temp directories left by killed runs."""
     st = open_store(store_dir)
     if dry_run:
-        for t in st.gc(dry_run=True):
+        for t in st.gc(dry_run=True, include_resumable=include_resumable):
             click.echo(f"would remove {t}")
         return
-    removed = st.gc()
+    removed = st.gc(include_resumable=include_resumable)
     for r in removed:
         click.echo(f"removed {r}")
     click.echo(f"gc: removed {len(removed)} half-written director{'y' if len(removed) == 1 else 'ies'}")

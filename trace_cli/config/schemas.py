@@ -100,15 +100,27 @@ def _messages(error) -> list[tuple[list[Any], str]]:
     return [(path, error.message)]
 
 
+@cache
+def _validator(schema_name: str):
+    """One compiled validator per shipped schema (building one per record made JSONL ingest 8x slower)."""
+    from jsonschema import Draft202012Validator
+
+    return Draft202012Validator(load_schema(schema_name), registry=_registry())
+
+
 def validate(doc: Any, schema_name: str | dict[str, Any], *, source: str | None = None) -> None:
     """Raise ValidationError listing every problem as `path: message`; return None when valid.
 
     `schema_name` is a shipped schema's file name, or a schema document itself (a stage's CONFIG_SCHEMA).
     """
-    from jsonschema import Draft202012Validator
+    if isinstance(schema_name, str):
+        validator = _validator(schema_name)
+    else:
+        from jsonschema import Draft202012Validator
 
-    schema = load_schema(schema_name) if isinstance(schema_name, str) else schema_name
-    validator = Draft202012Validator(schema, registry=_registry())
+        validator = Draft202012Validator(schema_name, registry=_registry())
+    if validator.is_valid(doc):  # the fast path: ingest validates every record
+        return
     problems: list[tuple[list[Any], str]] = []
     for err in sorted(validator.iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path]):
         problems.extend(_messages(err))

@@ -78,7 +78,7 @@ def apply_actions(
         if any("malformed" in a for a in calls):
             # keep the raw text: the transcript (and the next prompt) shows exactly what the agent produced
             msg["content"] = (
-                raw
+                _strip_end(raw)
                 if raw is not None
                 else "\n".join(
                     f"<tool_call>\n{a['malformed']}\n</tool_call>" for a in calls if "malformed" in a
@@ -89,6 +89,10 @@ def apply_actions(
                 {"id": cid, "type": "function", "function": {"name": a["name"], "arguments": a["arguments"]}}
                 for cid, a in zip(ids, calls, strict=True)
             ]
+            if raw is not None:
+                # text the agent wrote around its calls ("Let me check that order.") stays in the transcript
+                # and in the next prompt, as the chat template renders content before tool calls
+                msg["content"] = _text_outside_calls(raw)
         state.messages.append(msg)
         for cid, a in zip(ids, calls, strict=True):
             if "malformed" in a:
@@ -129,6 +133,19 @@ def apply_actions(
         state.done, state.termination = True, "max_turns"
     if not state.done and state.n_errors >= max_errors:
         state.done, state.termination = True, "too_many_errors"
+
+
+def _text_outside_calls(raw: str) -> str:
+    from trace_cli.models.chat import TOOL_CALL_RE, strip_text
+
+    return TOOL_CALL_RE.sub("", strip_text(raw)).strip()
+
+
+def _strip_end(text: str) -> str:
+    """Drop end-of-turn markers: the chat template adds its own when the history is rendered again."""
+    for t in ("<|im_end|>", "<|endoftext|>"):
+        text = text.split(t)[0]
+    return text
 
 
 def finish(state: EpisodeState) -> EpisodeResult:

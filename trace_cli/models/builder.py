@@ -2,7 +2,11 @@
 
 The tokenizer is trained on text rendered from the registered environments (system prompts, tool
 schemas, reference transcripts). Digits are isolated (one token each, so ids and amounts are copied digit by
-digit) and, unlike GPT-2's regex split, merges may cross spaces and punctuation: repeated tool-schema JSON
+digit), and so is every newline: the generation prompt ends in a newline ("...</think>\n\n"), so no merge may
+cross it, or the tokens of a full transcript would not start with the tokens of the prompt the model acted
+on (e.g. "\nYour" as one token in training, while at inference the prompt already ends in "\n\n"); SFT
+would then teach continuations the model never meets when generating. Unlike GPT-2's regex split, merges
+may cross spaces and punctuation: repeated tool-schema JSON
 collapses into a few tokens (~3.4x shorter transcripts than GPT-2-style splitting on the shop world), which is
 what makes CPU training of a base agent practical. It is still byte-level: any byte sequence round-trips.
 Tool-call markup tokens are added as *non-special* tokens: TRL decodes completions with
@@ -21,9 +25,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {"vocab_size": 1024, "hidden_size": 64, "intermediate_size": 192, "num_hidden_layers": 2,
              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16},
     # ~3 M parameters: the demo's base agent, trained on CPU in minutes.
-    "small": {"vocab_size": 4096, "hidden_size": 192, "intermediate_size": 576, "num_hidden_layers": 4,
+    "small": {"vocab_size": 6144, "hidden_size": 192, "intermediate_size": 576, "num_hidden_layers": 4,
               "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 32},
 }
+# Enters the `model` stage's artifact id with the resolved preset: bump it when a change here makes the same
+# config build a different model or tokenizer, so stores do not keep serving the old build as "up to date".
+BUILDER_VERSION = 2  # 2: newlines isolated by the pre-tokenizer
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MARKUP = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
 MAX_POSITIONS = 4096
@@ -38,7 +45,7 @@ def corpus(env_names: list[str], n_seeds: int, seed: int = 0) -> Iterator[str]:
     rng = random.Random(seed)
     for name in env_names:
         env = make_env(name)
-        for s in range(n_seeds):
+        for _ in range(n_seeds):
             sd = rng.randrange(1 << 30)
             env.reset(sd)
             plans = [env.reference_actions()]
@@ -75,7 +82,7 @@ def build_tokenizer(texts: list[str], vocab_size: int):
 
     t = Tokenizer(models.BPE())
     t.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r"\d"), behavior="isolated"),
+        pre_tokenizers.Split(Regex(r"\d{1,3}|\n"), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     t.decoder = decoders.ByteLevel()

@@ -93,6 +93,8 @@ class HFPolicy:
         enc = self.tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         if self.max_prompt_tokens and enc["input_ids"].shape[1] > self.max_prompt_tokens:
             enc = {k: v[:, -self.max_prompt_tokens :] for k, v in enc.items()}
+        # the model may live on a GPU (load_hf moves it there); the tokenizer's tensors are on the CPU
+        enc = {k: v.to(self.model.device) for k, v in enc.items()}
         do_sample = self.temperature > 0
         gen_kwargs: dict[str, Any] = {
             "max_new_tokens": self.max_new_tokens,
@@ -112,12 +114,12 @@ class HFPolicy:
         eos = gen_kwargs["eos_token_id"]
         for i, s in enumerate(states):
             ids = new[i].tolist()
-            n = ids.index(eos) + 1 if eos in ids else len([t for t in ids if t != self.tok.pad_token_id])
-            ids = ids[:n]
+            # Rows that stop early are padded after their EOS. A row without EOS ran to max_new_tokens, so
+            # every one of its tokens was generated (even a pad-id token the model chose mid-turn): keep all.
+            # A truncated turn is parsed as-is (an unterminated tool call is malformed).
+            ids = ids[: ids.index(eos) + 1] if eos in ids else ids
             s.gen_tokens += len(ids)
             text = self.tok.decode(ids, skip_special_tokens=False)
-            if eos not in ids:
-                text += ""  # truncated at max_new_tokens: parsed as-is (an unterminated call is malformed)
             if self.record_tokens:
                 p = enc["input_ids"][i]
                 m = enc["attention_mask"][i]

@@ -94,14 +94,39 @@ def resolve_model(ref: str, store: Store | None = None) -> ModelRef:
                 check_hf_dir(art.path / "hf")
                 return ModelRef("hf", art.uri, art.digest, path=art.path / "hf", artifact_id=art.id, artifact_kind="model")
             if art.kind == "adapter":
-                base = art.manifest["summary"].get("base_model_path") or art.config.get("model")
-                base_ref = resolve_model(base, store)
+                base_ref = adapter_base(art, store)
                 return ModelRef("adapter", art.uri, art.digest, path=base_ref.path, adapter_path=art.path / "adapter",
                                 artifact_id=art.id, artifact_kind="adapter", extra={"base": base_ref.display})
             raise UsageError(f"{ref!r} is a {art.kind} artifact, not a model or adapter")
     if "/" in ref and not ref.startswith(("store://", ".", "/")):
         return _hub(ref)
     raise NotFoundError(f"model {ref!r} not found: not a store artifact, a local directory or a hub id")
+
+
+def adapter_base(art, store: Store) -> ModelRef:
+    """The base model an adapter artifact was trained on. Tried in order: the base model artifact by id
+    (`summary.base_model_uri`: survives a moved store and renamed aliases), the HF dir it was loaded from
+    (`summary.base_model_path`), the reference as configured (`config.model`). A candidate is accepted only if
+    its content digest equals the one recorded as the adapter's `model` input, so an alias that now points at
+    another model is never silently used."""
+    summary = art.manifest.get("summary", {})
+    want = next((i.get("digest") for i in art.manifest.get("inputs", []) if i.get("role") == "model"), None)
+    tried: list[str] = []
+    for cand in (summary.get("base_model_uri"), summary.get("base_model_path"), art.config.get("model")):
+        if not cand or cand in tried:
+            continue
+        tried.append(cand)
+        try:
+            ref = resolve_model(cand, store)
+        except UsageError:
+            continue
+        if ref.kind == "hf" and (want is None or ref.digest == want):
+            return ref
+    raise NotFoundError(
+        f"adapter {art.uri}: its base model is gone or changed (tried {', '.join(tried) or 'nothing'}; "
+        f"none has the recorded digest {str(want)[:12]}…)",
+        hint="restore the base model artifact (trace store ls model) or retrain the adapter",
+    )
 
 
 def _hub(ref: str) -> ModelRef:

@@ -57,6 +57,10 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
     from trace_cli.envs.registry import make_env
     from trace_cli.models.refs import resolve_model
 
+    if isinstance((config or {}).get("seeds"), str):
+        # a malformed range ("abc", "-1:3") gets parse_seeds' message, not the schema's `oneOf` one
+        # ("'abc' is not of type 'array'")
+        parse_seeds(config["seeds"])
     cfg = checked_config(NAME, config)
     seeds = parse_seeds(cfg["seeds"])
     make_env(cfg["env"], store=store)  # validates name and params now, before any compute

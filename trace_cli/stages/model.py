@@ -20,7 +20,14 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
     bad = [e for e in cfg["envs"] if e not in known]
     if bad:
         raise UsageError(f"envs: unknown environment(s) {', '.join(bad)}; registered: {', '.join(known)}")
-    return Prepared(NAME, cfg, cfg, [], dict(OUTPUTS)).finalize()
+    # The id covers what the config builds, not only what it says: the preset's resolved architecture and
+    # vocabulary (presets are code and can change) and the builder's version.
+    from trace_cli.models.builder import BUILDER_VERSION, PRESETS
+
+    resolved = {**PRESETS[cfg["preset"]], **(cfg.get("arch") or {})}
+    resolved["vocab_size"] = cfg.get("vocab_size") or resolved["vocab_size"]
+    id_config = {**cfg, "resolved": resolved, "builder_version": BUILDER_VERSION}
+    return Prepared(NAME, cfg, id_config, [], dict(OUTPUTS)).finalize()
 
 
 def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=False) -> dict[str, Artifact]:

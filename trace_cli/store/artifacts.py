@@ -319,9 +319,11 @@ class Store:
                 problems.append({"kind": art.kind, "id": art.id, "problems": issues})
         return problems
 
-    def gc(self, *, min_age_s: float = 0.0, dry_run: bool = False) -> list[str]:
+    def gc(self, *, min_age_s: float = 0.0, dry_run: bool = False, include_resumable: bool = False) -> list[str]:
         """Remove half-written temp dirs, artifact dirs that never got a manifest, and index files of a
-        killed `reindex`; with `dry_run`, only return what would be removed."""
+        killed `reindex`; with `dry_run`, only return what would be removed. Work dirs of interrupted
+        training runs (marked RESUMABLE, continued by `trace train --resume`) are kept unless
+        `include_resumable`, and never touched while their run holds its lock."""
         import time
 
         def drop(p: Path) -> None:
@@ -335,6 +337,9 @@ class Store:
             for d in sorted(self.tmp_root.iterdir()):
                 if now - d.stat().st_mtime < min_age_s:
                     continue
+                if (d / RESUMABLE).is_file():
+                    if _locked(d / ".lock") or not include_resumable:
+                        continue
                 pid = _pid_of(d.name)
                 if pid is not None and pid != os.getpid() and _alive(pid) and min_age_s == 0:
                     # still being written by a live process; leave it
@@ -370,6 +375,24 @@ class Store:
         from trace_cli.store import index
 
         return index.rebuild(self)
+
+
+RESUMABLE = "RESUMABLE"  # marker file of a training work dir that `trace train --resume` can continue
+
+
+def _locked(path: Path) -> bool:
+    """True while another process holds the exclusive flock on `path` (a running training job)."""
+    import fcntl
+
+    if not path.is_file():
+        return False
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(fh, fcntl.LOCK_UN)
+    return False
 
 
 def _pid_of(name: str) -> int | None:

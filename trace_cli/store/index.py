@@ -97,7 +97,17 @@ def _refresh_names(con, store: Store) -> None:
         con.executemany("INSERT INTO names VALUES (?, ?, ?)", rows)
 
 
+def _load_table_specs() -> None:
+    """Stages register their tables when imported; import them all so every view exists whichever command
+    (e.g. `trace store reindex`) builds the index. Stage modules import only light libraries at top level."""
+    from trace_cli.stages import STAGES, get_stage
+
+    for name in STAGES:
+        get_stage(name)
+
+
 def _refresh_views(con, store: Store, kinds: set[str] | None = None) -> None:
+    _load_table_specs()
     for spec in TABLES.values():
         if kinds is not None and spec.kind not in kinds:
             continue

@@ -14,24 +14,33 @@ from collections.abc import Callable
 from typing import Any
 
 
-def demonstrations(env_ref: Any, seeds: list[int], deficits: set[str], store: Any = None) -> list[dict[str, Any]]:
+def demonstrations(env_ref: Any, seeds: list[int], deficits: set[str], store: Any = None,
+                   deficit_rate: float = 1.0, seed: int = 0) -> list[dict[str, Any]]:
+    """One replayed demonstration per seed. With deficits, a `deficit_rate` share of them withholds the
+    behaviours (1.0 = never shown); a rate below 1 leaves the agent a small chance of the right behaviour,
+    which is what lets RL later amplify it."""
     from trace_cli.envs.registry import make_env
     from trace_cli.envs.rollout import replay
 
+    rng = random.Random(seed)
     out = []
     for s in seeds:
         env = make_env(env_ref, store=store)
         env.reset(s)
         demo = getattr(env, "demonstration", None)
-        actions = demo(set(deficits)) if (deficits and demo is not None) else env.reference_actions()
+        withhold = bool(deficits) and demo is not None and rng.random() < deficit_rate
+        actions = demo(set(deficits)) if withhold else env.reference_actions()
         ep = replay(make_env(env_ref, store=store), s, actions)
         out.append({"seed": s, "messages": ep.messages, "tools": ep.tools, "reward": ep.reward,
                     "family": (ep.metadata or {}).get("family")})
     return out
 
 
-def tokenize(tok, demos: list[dict[str, Any]], max_length: int) -> list[tuple[list[int], list[int]]]:
-    """(input_ids, labels) per demo; labels are -100 outside assistant turns. Too-long demos are dropped."""
+def tokenize(tok, demos: list[dict[str, Any]], max_length: int,
+             loss_on: str = "assistant") -> list[tuple[list[int], list[int]]]:
+    """(input_ids, labels) per demo; with loss_on="assistant", labels are -100 outside assistant turns,
+    with "all" every token after the first is a target (language modelling on whole transcripts: tool
+    results repeat ids from earlier turns, which is extra practice at copying). Too-long demos are dropped."""
     from trace_cli.models.templates import qwen3_training_template
 
     out = []
@@ -44,7 +53,10 @@ def tokenize(tok, demos: list[dict[str, Any]], max_length: int) -> list[tuple[li
         mask = list(enc["assistant_masks"])
         if len(ids) > max_length or not any(mask):
             continue
-        out.append((ids, [t if m else -100 for t, m in zip(ids, mask, strict=True)]))
+        if loss_on == "all":
+            out.append((ids, list(ids)))
+        else:
+            out.append((ids, [t if m else -100 for t, m in zip(ids, mask, strict=True)]))
     return out
 
 

@@ -1,0 +1,455 @@
+#!/usr/bin/env python
+"""Train benchmark: `trace train --method grpo` against a bare TRL `GRPOTrainer` script, same model/env/config.
+
+Both sides run the same workload so the ratio measures what our trainer adds (the shared rollout loop, the
+token-history policy, seed prompts, constant-group dropping, checkpoint-free bookkeeping, the artifact):
+  * model: an offline Qwen3-architecture model (`trace model init --preset tiny|small`), LoRA on all linears;
+  * env: `shop`, single-turn (`max_turns 1`): the bare script has no multi-turn loop of ours, so each episode is
+    one generation of up to `--tokens` tokens from the rendered first prompt, scored by the env's verifier after
+    applying the parsed action (the same reward on both sides);
+  * GRPOConfig: identical group size, batch, learning rate, sampling, loss (dapo), beta 0, fp32 on CPU.
+Each side runs in its own subprocess (same threads, fresh memory), alternating, `--repeats` times; the timed
+part is TRL's `train_runtime` on both sides (model load and imports excluded); `trace train` also reports its
+end-to-end wall time. A multi-turn `trace train` run (`--multi-turn-turns`) is reported for reference only.
+
+Metrics: optimizer steps/s = steps / train_runtime; rollout tokens/s = generated (model) tokens / train_runtime,
+with generated tokens = sum over steps of `completions/mean_length` x episodes per step. Goal: >= 0.95x bare TRL.
+
+    python benchmarks/train_bench.py                    # tiny model, 3 repeats
+    python benchmarks/train_bench.py --preset small --steps 4 --repeats 2
+    python benchmarks/train_bench.py --quick            # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+GOAL = 0.95
+KEYS = (
+    "steps_per_s",
+    "tokens_per_s",
+    "steady_steps_per_s",
+    "steady_tokens_per_s",
+    "cpu_steps_per_s",
+    "cpu_tokens_per_s",
+)
+ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRL_EXPERIMENTAL_SILENCE": "1",
+    "TRACE_NO_PROGRESS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", choices=["tiny", "small"], default="tiny")
+    p.add_argument("--steps", type=int, default=5, help="optimizer steps per run")
+    p.add_argument("--num-generations", type=int, default=8)
+    p.add_argument(
+        "--batch", type=int, default=16, help="episodes per step (per_device_batch_size, 1 process)"
+    )
+    p.add_argument("--tokens", type=int, default=48, help="max tokens per episode (max_new_tokens = budget)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--multi-turn-turns", type=int, default=4, help="0 = skip the multi-turn reference run")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads per worker (default 1: steadier timings on a shared machine; 0 = torch's default)",
+    )
+    p.add_argument("--quick", action="store_true", help="1 repeat, 2 steps, small batch")
+    p.add_argument("--workdir", default=None)
+    p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "train_bench.json"))
+    p.add_argument("--worker", choices=["bare"], help=argparse.SUPPRESS)
+    p.add_argument("--spec", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.quick:
+        a.repeats, a.steps, a.batch, a.num_generations, a.tokens = 1, 2, 8, 4, 16
+        a.multi_turn_turns = min(a.multi_turn_turns, 2)
+    return a
+
+
+# ----------------------------------------------------------------------------- bare TRL worker
+def bare_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """A plain TRL GRPOTrainer script: string prompts (the env's first prompt rendered with the tokenizer's own
+    chat template), one reward function that applies the parsed completion to the env and returns its verifier's
+    reward. No trace_cli trainer code is involved (only the env and the completion parser, for the reward)."""
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trace_cli.envs.registry import make_env
+    from trace_cli.models.chat import parse_assistant
+
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
+    tok = AutoTokenizer.from_pretrained(spec["model"], padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
+    env = make_env(spec["env"])
+    rows = []
+    for s in range(spec["seed_lo"], spec["seed_hi"]):
+        obs = env.reset(s)
+        msgs = [{"role": "system", "content": obs.system_prompt}] + [dict(m) for m in obs.messages]
+        text = tok.apply_chat_template(
+            msgs, tools=obs.tools, add_generation_prompt=True, tokenize=False, enable_thinking=False
+        )
+        rows.append({"prompt": text, "seed": s})
+
+    def env_reward(prompts, completions, seed, **kw):
+        out = []
+        for text, sd in zip(completions, seed, strict=True):
+            e = make_env(spec["env"])
+            e.reset(sd)
+            actions = parse_assistant(text)
+            a = actions[0]
+            if "malformed" not in a:
+                e.step(a if "name" in a else {"content": a.get("content", "")})
+            out.append(float(e.verify().reward))
+        return out
+
+    args = GRPOConfig(
+        output_dir=spec["out"],
+        max_steps=spec["steps"],
+        per_device_train_batch_size=spec["batch"],
+        gradient_accumulation_steps=1,
+        num_generations=spec["num_generations"],
+        learning_rate=1e-5,
+        lr_scheduler_type="constant",
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        loss_type="dapo",
+        scale_rewards="group",
+        max_completion_length=spec["tokens"],
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=not torch.cuda.is_available(),
+        bf16=False,
+        gradient_checkpointing=False,
+        seed=0,
+        disable_tqdm=True,
+        log_level="warning",
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[env_reward],
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tok,
+        peft_config=LoraConfig(
+            r=16, lora_alpha=16, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM"
+        ),
+    )
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    cpu0 = time.process_time()
+    out = trainer.train()
+    cpu_s = time.process_time() - cpu0
+    hist = [h for h in trainer.state.log_history if "reward" in h]
+    per_step = [
+        {
+            "step": h["step"],
+            "step_time": h["step_time"],
+            "gen_tokens": h["completions/mean_length"] * spec["batch"],
+        }
+        for h in hist
+    ]
+    return {
+        "train_runtime_s": out.metrics["train_runtime"],
+        "train_cpu_s": cpu_s,
+        "steps": trainer.state.global_step,
+        "gen_tokens": sum(x["gen_tokens"] for x in per_step),
+        "per_step": per_step,
+        "reward": statistics.mean(h["reward"] for h in hist),
+    }
+
+
+# ----------------------------------------------------------------------------- runs
+def _env() -> dict[str, str]:
+    e = dict(os.environ)
+    e.update(ENV)
+    e.pop("TRACE_STORE", None)
+    return e
+
+
+def _trace_cmd() -> list[str]:
+    exe = Path(sys.executable).parent / "trace"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "trace_cli"]
+
+
+def run_trace(
+    args, model_dir: Path, store: Path, turns: int, tokens_per_turn: int, budget: int
+) -> dict[str, Any]:
+    import pyarrow.parquet as pq
+
+    cmd = _trace_cmd() + [
+        "train",
+        "--method",
+        "grpo",
+        "--env",
+        "shop",
+        "--model",
+        str(model_dir),
+        "--store",
+        str(store),
+        "--seeds",
+        "100000:100400",
+        "--max-steps",
+        str(args.steps),
+        "--force",
+        "--json",
+        "--set",
+        f"num_generations={args.num_generations}",
+        "--set",
+        f"per_device_batch_size={args.batch}",
+        "--set",
+        "gradient_accumulation_steps=1",
+        "--set",
+        f"max_turns={turns}",
+        "--set",
+        f"max_new_tokens={tokens_per_turn}",
+        "--set",
+        f"max_completion_length={budget}",
+        "--set",
+        "checkpoint_every=0",
+        "--set",
+        "precision=fp32",
+        "--set",
+        "gradient_checkpointing=false",
+    ]
+    env = _env()
+    if args.threads:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
+    t0 = time.monotonic()
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
+    wall = time.monotonic() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"trace train failed ({r.returncode}):\n{r.stderr[-4000:]}")
+    res = json.loads(r.stdout)
+    rows = pq.read_table(store / "adapter" / res["id"] / "train_metrics.parquet").to_pylist()
+    per_step = [
+        {
+            "step": x["step"],
+            "step_time": x["step_time"],
+            "gen_tokens": (x["completion_length"] or 0) * x["episodes"],
+        }
+        for x in rows
+    ]
+    return {
+        "train_runtime_s": res["summary"]["train_s"],
+        "train_cpu_s": res["summary"]["train_cpu_s"],
+        "steps": res["summary"]["steps"],
+        "gen_tokens": sum(x["gen_tokens"] for x in per_step),
+        "per_step": per_step,
+        "wall_s": wall,
+        "reward": statistics.mean(x["reward"] for x in rows),
+        "turns": statistics.mean(x["turns"] for x in rows if x["turns"] is not None),
+    }
+
+
+def run_bare(args, model_dir: Path, out_dir: Path) -> dict[str, Any]:
+    spec = {
+        "model": str(model_dir),
+        "env": "shop",
+        "seed_lo": 100000,
+        "seed_hi": 100400,
+        "steps": args.steps,
+        "batch": args.batch,
+        "num_generations": args.num_generations,
+        "tokens": args.tokens,
+        "out": str(out_dir),
+        "threads": args.threads,
+    }
+    env = _env()
+    if args.threads:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, __file__, "--worker", "bare", "--spec", json.dumps(spec)],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    wall = time.monotonic() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"bare TRL worker failed ({r.returncode}):\n{r.stderr[-4000:]}")
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    res["wall_s"] = wall
+    return res
+
+
+def rates(r: dict[str, Any]) -> dict[str, float]:
+    """Whole-run rates over TRL's train_runtime, and steady-state rates over TRL's per-step `step_time` without
+    step 1 (first-call costs: lazy imports, allocator warm-up)."""
+    t = r["train_runtime_s"]
+    out = {"steps_per_s": r["steps"] / t, "tokens_per_s": r["gen_tokens"] / t}
+    if r.get("train_cpu_s"):
+        c = r["train_cpu_s"]
+        out.update(cpu_steps_per_s=r["steps"] / c, cpu_tokens_per_s=r["gen_tokens"] / c)
+    later = [x for x in r.get("per_step", []) if x["step"] > 1 and x["step_time"]]
+    if later:
+        st = sum(x["step_time"] for x in later)
+        out.update(
+            steady_steps_per_s=len(later) / st, steady_tokens_per_s=sum(x["gen_tokens"] for x in later) / st
+        )
+    return out
+
+
+def machine() -> dict[str, Any]:
+    import peft
+    import torch
+    import transformers
+    import trl
+
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpu_model": cpu,
+        "load_avg": os.getloadavg(),
+        "cuda": torch.cuda.is_available(),
+        "torch": torch.__version__,
+        "trl": trl.__version__,
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.worker == "bare":
+        print(json.dumps(bare_worker(json.loads(args.spec))))
+        return 0
+    os.environ.update(ENV)
+    log = lambda m: print(f"[train_bench {time.strftime('%H:%M:%S')}] {m}", file=sys.stderr, flush=True)  # noqa: E731
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="train_bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    from trace_cli.stages.base import execute
+    from trace_cli.store import Store
+
+    log(f"building the {args.preset} model in {work}")
+    model_dir = (
+        execute("model", {"preset": args.preset, "corpus_seeds": 40}, Store(work / "models")).main.path / "hf"
+    )
+    trace_runs, bare_runs = [], []
+    for i in range(args.repeats):
+        order = [("trace", None), ("bare", None)] if i % 2 == 0 else [("bare", None), ("trace", None)]
+        for side, _ in order:
+            if side == "trace":
+                r = run_trace(args, model_dir, work / f"store-{i}", 1, args.tokens, args.tokens)
+                trace_runs.append(r)
+            else:
+                r = run_bare(args, model_dir, work / f"bare-{i}")
+                bare_runs.append(r)
+            rr = rates(r)
+            log(
+                f"repeat {i + 1}/{args.repeats} {side:>5}: {r['steps']} steps in {r['train_runtime_s']:.2f} s "
+                f"-> {rr['steps_per_s']:.3f} steps/s, {rr['tokens_per_s']:.0f} tokens/s"
+            )
+    multi = None
+    if args.multi_turn_turns:
+        log(f"multi-turn reference run ({args.multi_turn_turns} turns)")
+        multi = run_trace(
+            args,
+            model_dir,
+            work / "store-multi",
+            args.multi_turn_turns,
+            args.tokens,
+            args.tokens * args.multi_turn_turns * 8,
+        )
+
+    def med(runs, key):
+        vals = [rates(r).get(key) for r in runs]
+        return (
+            statistics.median(v for v in vals if v is not None) if any(v is not None for v in vals) else None
+        )
+
+    res = {
+        "benchmark": "train_bench",
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine(),
+        "params": {k: v for k, v in vars(args).items() if k not in ("out", "workdir", "worker", "spec")},
+        "goal_ratio": GOAL,
+        "trace": {"runs": trace_runs, **{k: med(trace_runs, k) for k in KEYS}},
+        "bare_trl": {"runs": bare_runs, **{k: med(bare_runs, k) for k in KEYS}},
+    }
+    res["ratio"] = {k: res["trace"][k] / res["bare_trl"][k] for k in KEYS}
+    res["meets_goal"] = {
+        "wall": all(res["ratio"][k] >= GOAL for k in ("steps_per_s", "tokens_per_s")),
+        "wall_steady": all(res["ratio"][k] >= GOAL for k in ("steady_steps_per_s", "steady_tokens_per_s")),
+        "cpu": all(res["ratio"][k] >= GOAL for k in ("cpu_steps_per_s", "cpu_tokens_per_s")),
+    }
+    if multi is not None:
+        res["trace_multi_turn"] = {**multi, **rates(multi)}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2) + "\n")
+    print_report(res)
+    log(f"wrote {out}")
+    return 0
+
+
+def print_report(res: dict[str, Any]) -> None:
+    p = res["params"]
+    print(
+        f"\ntrain_bench: {p['preset']} model, shop single-turn, {p['steps']} steps x {p['batch']} episodes "
+        f"(groups of {p['num_generations']}), <= {p['tokens']} tokens/episode, median of {p['repeats']}"
+    )
+    cols = [
+        ("steps/s", "steps_per_s", ".3f"),
+        ("tokens/s", "tokens_per_s", ".1f"),
+        ("steady steps/s", "steady_steps_per_s", ".3f"),
+        ("steady tokens/s", "steady_tokens_per_s", ".1f"),
+        ("steps/cpu-s", "cpu_steps_per_s", ".3f"),
+        ("tokens/cpu-s", "cpu_tokens_per_s", ".1f"),
+    ]
+    head = f"{'':<28}" + "".join(f"{c:>17}" for c, _, _ in cols) + f"{'train s':>10}"
+    print(head)
+    print("-" * len(head))
+
+    def cells(d: dict[str, Any], fmt: str | None = None) -> str:
+        return "".join(f"{'-' if d.get(k) is None else format(d[k], fmt or f):>17}" for _, k, f in cols)
+
+    for label, key in (("trace train --method grpo", "trace"), ("bare TRL GRPOTrainer", "bare_trl")):
+        d = res[key]
+        t = statistics.median(r["train_runtime_s"] for r in d["runs"])
+        print(f"{label:<28}{cells(d)}{t:>10.2f}")
+    print(f"{'ratio trace / bare':<28}{cells(res['ratio'], '.3f')}")
+    m = res.get("trace_multi_turn")
+    if m:
+        print(
+            f"{'trace, multi-turn (ref.)':<28}{cells(m)}{m['train_runtime_s']:>10.2f}  ({m['turns']:.1f} turns/ep.)"
+        )
+    w = statistics.median(r["wall_s"] for r in res["trace"]["runs"])
+    goal = ", ".join(f"{k} {'met' if v else 'NOT met'}" for k, v in res["meets_goal"].items())
+    print(f"goal ratio >= {res['goal_ratio']}: {goal}")
+    print(f"trace train end-to-end wall (median): {w:.1f} s (imports, model load, artifact commit included)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""`HFPolicy`: batched left-padded generation, what it counts and records per turn."""
+
+from __future__ import annotations
+
+import pytest
+import tinymodel
+from tinymodel import noisy_copy
+
+from trace_cli.envs.registry import make_env
+from trace_cli.envs.rollout import rollout, start
+from trace_cli.models.chat import render
+from trace_cli.models.refs import load_policy, resolve_model
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return tinymodel.tiny(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def noisy(tiny_model, tmp_path_factory):
+    return resolve_model(str(noisy_copy(tiny_model, tmp_path_factory.mktemp("noisy-hf") / "hf")))
+
+
+def test_records_the_exact_prompt_and_completion_tokens(noisy):
+    policy = load_policy(noisy, max_new_tokens=12)
+    policy.record_tokens = True
+    eps = rollout(policy, lambda: make_env("shop"), [(s, 0) for s in range(4)], max_turns=3, batch_size=4)
+    tok = policy.tok
+    for ep in eps:
+        turns = [t for t in ep.turns if "prompt_ids" in t]
+        assert len(turns) == ep.n_actions
+        assert sum(len(t["completion_ids"]) for t in turns) == ep.gen_tokens
+        k = 0
+        for i, m in enumerate(ep.messages):
+            if m["role"] != "assistant":
+                continue
+            t = turns[k]
+            k += 1
+            # the prompt is the unpadded rendering of the history (no pad tokens, left padding removed)
+            prompt = render(tok, ep.messages[:i], ep.tools, add_generation_prompt=True)
+            assert t["prompt_ids"] == tok(prompt, add_special_tokens=False)["input_ids"]
+            assert tok.pad_token_id not in t["prompt_ids"]
+            assert 1 <= len(t["completion_ids"]) <= 12
+
+
+def test_a_turn_without_eos_keeps_every_generated_token(tiny_model, tmp_path):
+    """A model that emits the pad token id mid-turn: those tokens were generated and count (they used to be
+    dropped as if they were padding, undercounting tokens and cutting real ones off the end of the turn)."""
+    ref = resolve_model(
+        str(noisy_copy(tiny_model, tmp_path / "hf", tool_call_bias=50.0, bias_token="<|endoftext|>"))
+    )
+    policy = load_policy(ref, max_new_tokens=5)
+    policy.record_tokens = True
+    states = [start(make_env("shop"), s) for s in range(2)]
+    texts = policy.act(states)
+    pad = policy.tok.pad_token_id
+    for s, text in zip(states, texts, strict=True):
+        assert s.gen_tokens == 5
+        assert s.turns[-1]["completion_ids"] == [pad] * 5
+        assert text == "<|endoftext|>" * 5
