@@ -20,6 +20,7 @@ SCHEMA_BY_KIND: dict[str, str] = {
     "episode": "episode.v1.json",
     "capabilities": "capabilities.v1.json",
     "diagnosis": "diagnosis.v1.json",
+    "environment": "environment.v1.json",
 }
 
 

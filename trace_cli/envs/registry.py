@@ -4,7 +4,8 @@ References:
   "shop"                                       name only
   "shop?families=cancel_order,multi_op&n_orders=6"  name + query parameters
   {"name": "shop", "params": {"n_orders": 6}}  dict form (configs)
-  "store://environment/<id>"                   a synthesized environment artifact (needs `store=`)
+  "store://environment/<name or id>"           a synthesized environment artifact (needs `store=`)
+  "<name>" with store=                         the same, when <name> is not a registered environment
 Query values are read as int/float/bool when they look like one, as a list when they contain commas,
 else as text; factories validate and coerce their own parameters.
 """
@@ -148,11 +149,46 @@ def _check_params(name: str, factory: EnvFactory, params: dict[str, Any]) -> Non
             raise UsageError(f"environment {name!r} has no parameter '{key}'; known parameters: {known}")
 
 
+_MODULE_FACTORIES: dict[tuple[str, str], Any] = {}
+
+
 def _load_from_store(store: Any, ref: str, **params: Any) -> Environment:
-    """Hook for `store://environment/<id>` references; filled in when synthesized environments are stored."""
-    raise NotFoundError(
-        f"environment artifact {ref!r} not found (loading environments from a store is not implemented yet)"
-    )
+    """Build a synthesized environment from an `environment` artifact: `store://environment/NAME_OR_ID`
+    (or a bare NAME_OR_ID). Reads environment.yaml and instantiates its template with its params and tool
+    schemas, or runs its module in the sandbox; keyword `params` override the stored ones."""
+    import json
+    from pathlib import Path
+
+    import yaml
+
+    if isinstance(store, (str, Path)):
+        from trace_cli.store import Store
+
+        store = Store(store)
+    if not hasattr(store, "resolve"):
+        raise NotFoundError(f"environment artifact {ref!r} not found: {store!r} is not a store")
+    art = store.resolve(ref, kind="environment")
+    doc = yaml.safe_load((art.path / "environment.yaml").read_text(encoding="utf-8"))
+    # The stored params are the effective knob values (reproducible even if a template's levels change);
+    # asking for another `level` means that level's knobs, so the stored ones are dropped then.
+    merged = dict(params) if "level" in params else {**(doc.get("params") or {}), **params}
+    max_turns = merged.pop("max_turns", doc.get("max_turns", 12))
+    if doc.get("source") == "template":
+        from trace_cli.envs.synthetic import get_template
+
+        tools = {t["function"]["name"]: t for t in doc.get("tools") or []}
+        return get_template(doc["template"])(tools=tools, max_turns=max_turns, **merged)
+    if doc.get("source") == "module":
+        from trace_cli.envs.sandbox import Limits, module_env_factory
+
+        key = (str(art.path), json.dumps(merged, sort_keys=True, default=str))
+        if key not in _MODULE_FACTORIES:  # one sandbox worker per artifact and params, shared by instances
+            sb = (doc.get("authoring") or {}).get("sandbox") or {}
+            limits = Limits(**{k: v for k, v in sb.items() if k in Limits.__dataclass_fields__})
+            source = (art.path / doc["module"]).read_text(encoding="utf-8")
+            _MODULE_FACTORIES[key] = module_env_factory(source, merged, limits)
+        return _MODULE_FACTORIES[key]()
+    raise UsageError(f"{art.uri}: environment.yaml has unknown source {doc.get('source')!r} (expected template or module)")
 
 
 def make_env(ref: str | dict[str, Any], *, store: Any = None, **params: Any) -> Environment:
@@ -163,7 +199,17 @@ def make_env(ref: str | dict[str, Any], *, store: Any = None, **params: Any) -> 
         return _load_from_store(store, ref, **params)
     name, ref_params = parse_env_ref(ref)
     ref_params.update(params)
-    factory = get_factory(name)
+    try:
+        factory = get_factory(name)
+    except NotFoundError:
+        if store is None:
+            raise
+        # not a registered name: maybe a synthesized environment artifact in the given store
+        try:
+            return _load_from_store(store, name, **ref_params)
+        except NotFoundError:
+            pass
+        raise
     _check_params(name, factory, ref_params)
     env = factory(**ref_params)
     if not isinstance(env, Environment):

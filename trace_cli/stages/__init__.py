@@ -19,6 +19,7 @@ STAGES: dict[str, str] = {
     "eval": "trace_cli.stages.eval",
     "train": "trace_cli.stages.train",
     "diagnose": "trace_cli.stages.diagnose",
+    "synthesize": "trace_cli.stages.synthesize",
 }
 
 

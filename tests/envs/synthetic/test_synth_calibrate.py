@@ -1,0 +1,81 @@
+"""Calibration mechanics: group statistics, the band, and difficulty adjustment with scripted policies."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+from trace_cli.envs.synthetic import get_template
+from trace_cli.envs.synthetic.calibrate import Band, calibrate, group_stats, judge
+
+
+class MixPolicy:
+    """Follows the reference with probability p (per episode, seeded), else says goodbye at once."""
+
+    def __init__(self, p_by_level: dict[int, float], seed: int = 0):
+        self.p_by_level = p_by_level
+        self.seed = seed
+
+    def begin(self, state):
+        rng = random.Random(f"{self.seed}:{state.seed}:{state.trial}")
+        p = self.p_by_level[state.env.level]
+        plan = list(state.env.reference_actions()) if rng.random() < p else []
+        state.turns.append({"plan": plan})
+
+    def act(self, states):
+        return [[s.turns[0]["plan"].pop(0)] if s.turns[0]["plan"] else [{"content": "Goodbye."}] for s in states]
+
+
+def _r(seed, success, reward=None):
+    return SimpleNamespace(seed=seed, success=success, reward=float(success) if reward is None else reward)
+
+
+def test_group_stats_and_judge():
+    res = [_r(0, 1), _r(0, 1), _r(1, 0), _r(1, 0, 0.5), _r(2, 1), _r(2, 0)]
+    s = group_stats(res)
+    assert s["mean_success"] == 0.5 and s["frac_all1"] == 1 / 3 and s["frac_all0"] == 1 / 3
+    assert s["frac_constant_reward"] == 1 / 3  # seed 1 has rewards 0 and 0.5: not constant
+    assert judge({"mean_success": 0.4, "frac_all0": 0.1, "frac_all1": 0.1}, Band()) == (True, None)
+    assert judge({"mean_success": 0.9, "frac_all0": 0.0, "frac_all1": 0.8}, Band()) == (False, "harder")
+    assert judge({"mean_success": 0.1, "frac_all0": 0.8, "frac_all1": 0.0}, Band()) == (False, "easier")
+    assert judge({"mean_success": 0.4, "frac_all0": 0.0, "frac_all1": 0.5}, Band()) == (False, "harder")
+    assert judge({"mean_success": 0.45, "frac_all0": 0.5, "frac_all1": 0.4}, Band()) == (False, "harder")  # bimodal
+
+
+def _run(p_by_level, start_level=2, attempts=5):
+    cls = get_template("precondition_verification")
+    return calibrate(factory_for=lambda params: (lambda: cls(**params)), params={"level": start_level},
+                     policy_for=lambda i: MixPolicy(p_by_level, seed=i), seeds=list(range(24)), rollouts=8,
+                     max_attempts=attempts, harder=cls.harder, easier=cls.easier)
+
+
+def test_in_band_policy_passes_first_time():
+    cal = _run({lv: 0.4 for lv in range(7)})
+    assert cal.passed and len(cal.attempts) == 1
+    a = cal.attempts[0]
+    assert 0.2 <= a.mean_success <= 0.6 and a.frac_all0 <= 0.2 and a.frac_all1 <= 0.2 and a.in_band
+    assert len(cal.results) == 24 * 8
+
+
+def test_too_easy_moves_harder_until_in_band():
+    cal = _run({0: 1.0, 1: 1.0, 2: 0.95, 3: 0.9, 4: 0.45, 5: 0.1, 6: 0.0})
+    assert cal.passed
+    assert [a.params["level"] for a in cal.attempts] == [2, 3, 4]
+    assert [a.next for a in cal.attempts] == ["harder", "harder", ""]
+    assert cal.params == {"level": 4}
+
+
+def test_too_hard_moves_easier_and_gives_up_at_the_end():
+    cal = _run({lv: 0.0 for lv in range(7)}, start_level=1)
+    assert not cal.passed
+    assert [a.params["level"] for a in cal.attempts] == [1, 0]
+    assert "easiest" in cal.attempts[-1].next
+    assert "success 0.000" in cal.summary()
+    cal = _run({lv: 1.0 for lv in range(7)}, start_level=0, attempts=3)
+    assert not cal.passed and len(cal.attempts) == 3 and cal.attempts[-1].next == "no attempts left"
+
+
+def test_back_and_forth_stops_early():
+    cal = _run({lv: (0.95 if lv <= 2 else 0.05) for lv in range(7)}, attempts=5)
+    assert not cal.passed and [a.params["level"] for a in cal.attempts] == [2, 3]
+    assert "measured already" in cal.attempts[-1].next

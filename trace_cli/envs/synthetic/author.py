@@ -1,0 +1,131 @@
+"""LLM-authored environments: the analyst LLM writes an environment module for one capability.
+
+The prompt gives the capability (name, description), a few failed trajectories the diagnosis cites, the
+target's tool schemas, and the module contract (see `trace_cli.envs.sandbox`) with a compact example built
+on `SyntheticEnv`. The answer is JSON `{"module": "<python source>"}` (or a fenced python block). Requests go
+through the diagnose analysts (`openai`: any OpenAI-compatible server; `hf`: a local model), so they share
+their HTTP conventions, retries and the store's response cache. The module is never run here: the stage
+checks it in the sandbox.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from trace_cli.errors import UsageError
+
+CONTRACT = '''Write ONE self-contained Python module (stdlib + trace_cli only; no network, no files outside the
+working directory, no subprocesses) that defines `make_env(**params)` returning an environment with:
+  name: str; max_turns: int
+  reset(seed:int) -> trace_cli.envs.base.Observation   (system_prompt, tools, messages=[first user message], task_id, info)
+  step(action:dict) -> trace_cli.envs.base.StepResult  (action: {"name","arguments"} tool call, or {"content"} message)
+  verify() -> trace_cli.envs.base.RewardBreakdown      (reward in [0,1], success == (reward == 1), graded components)
+  task_metadata() -> dict   with "answer_values": the ids/amounts/statuses the agent must find with tools
+  reference_actions() -> list[dict]   actions that reach reward 1 from reset(seed)
+Rules: same seed => same task (use random.Random(seed), never global randomness); the first user message
+never contains an answer value; an agent that only says "Goodbye." must never succeed; reuse the target's
+tool names and argument schemas exactly; rewards are programmatic (final state / exact arguments).
+The easiest way: subclass trace_cli.envs.synthetic.base.SyntheticEnv (shop tools on a small synthetic state):
+
+import random
+from trace_cli.envs.synthetic.base import Knob, Scenario, SyntheticEnv, call, say
+from trace_cli.envs.synthetic.common import identify, world
+class Env(SyntheticEnv):
+    capability = "example"
+    TOOLS = ("find_user_id_by_email", "find_user_id_by_name_zip", "get_order_details", "cancel_pending_order")
+    KNOBS = {"n_orders": Knob(int, 2, 10)}
+    LEVELS = [{"n_orders": 3}, {"n_orders": 5}, {"n_orders": 8}]
+    DEFAULT_LEVEL = 1
+    WEIGHTS = {"db": 0.6, "communicate": 0.4}
+    def build(self, rng: random.Random) -> Scenario:
+        b, user, orders = world(rng, self.knobs["n_orders"])
+        ident, auth = identify(rng, user)
+        order = rng.choice(orders); order["status"] = "pending"; oid = order["order_id"]
+        ref = [auth, call("get_order_details", order_id=oid),
+               call("cancel_pending_order", order_id=oid, reason="no longer needed"), say(f"Order {oid} is cancelled.")]
+        return Scenario(b.db, user["user_id"], ident, f"Please cancel order {oid}; I no longer need it.", ref,
+                        answers=[user["user_id"]], required_facts=["cancelled"], data={"order_id": oid})
+    def grade(self):
+        oid = self._scenario.data["order_id"]
+        comm, missing, wrong = self.communicate()
+        return {"db": float(self.matches_target("orders", oid)), "communicate": comm}, {"missing": missing}
+def make_env(**params):
+    return Env(**params)
+'''
+
+
+def _trim(text: str, n: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def transcript(episode: dict[str, Any], limit: int = 1500) -> str:
+    """A compact transcript of one episode (roles, tool calls, results), cut to `limit` characters."""
+    lines = []
+    for m in episode.get("messages") or []:
+        role = m.get("role")
+        if role == "system":
+            continue
+        for tc in m.get("tool_calls") or []:
+            fn = tc.get("function", tc)
+            args = fn.get("arguments")
+            lines.append(f"assistant calls {fn.get('name')}({_trim(json.dumps(args) if not isinstance(args, str) else args, 200)})")
+        if m.get("content"):
+            lines.append(f"{role}: {_trim(m['content'], 300)}")
+    out = "\n".join(lines)
+    return out if len(out) <= limit else out[: limit - 1] + "…"
+
+
+def author_messages(capability: str, description: str, tools: list[dict[str, Any]], examples: list[str],
+                    feedback: str | None = None) -> list[dict[str, str]]:
+    ex = "\n\n".join(f"Failed trajectory {i + 1}:\n{e}" for i, e in enumerate(examples[:3])) or "(none available)"
+    user = (
+        f"Capability to train: {capability}\n{description}\n\n"
+        f"Target tool schemas (reuse names and argument schemas exactly):\n{json.dumps(tools, separators=(',', ':'))}\n\n"
+        f"Failures of the current agent that this capability explains:\n{ex}\n\n{CONTRACT}\n"
+        "Isolate this one capability; give the environment difficulty knobs. "
+        'Answer with JSON: {"module": "<the complete python source>"}.'
+    )
+    if feedback:
+        user += f"\n\nYour previous module was rejected: {feedback}\nFix that and answer with the complete module."
+    return [{"role": "system", "content": "You write verifiable training environments for tool-using agents."},
+            {"role": "user", "content": user}]
+
+
+_FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.S)
+
+
+def parse_module(text: str) -> str:
+    from trace_cli.analysts.prompts import AnalystResponseError
+
+    src = None
+    try:
+        doc = json.loads(text)
+        if isinstance(doc, dict) and isinstance(doc.get("module"), str):
+            src = doc["module"]
+    except ValueError:
+        m = _FENCE.search(text)
+        if m:
+            src = m.group(1)
+    if not src or "def make_env" not in src and "class Env" not in src:
+        raise AnalystResponseError("no module with make_env(**params) or class Env in the answer")
+    return src
+
+
+def write_module(author: str, llm: dict[str, Any], store: Any, messages: list[dict[str, str]], *, seed: int,
+                 attempt: int) -> tuple[str | None, str | None]:
+    """(module source, None) or (None, why the LLM gave none)."""
+    if author == "openai":
+        from trace_cli.analysts.openai import OpenAIAnalyst
+
+        analyst = OpenAIAnalyst({"llm": llm}, store)
+        return analyst._ask(messages, run=attempt, seed=seed, parse=parse_module)
+    if author == "hf":
+        from trace_cli.analysts.hf import HFAnalyst
+
+        analyst = HFAnalyst({"llm": llm}, store)
+        return analyst._ask_many([messages], run=attempt, seed=seed, parse=parse_module,
+                                 what=f"authoring (attempt {attempt})")[0]
+    raise UsageError(f"unknown author {author!r}; expected template, openai or hf")

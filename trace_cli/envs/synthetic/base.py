@@ -1,0 +1,417 @@
+"""`SyntheticEnv`: the episode machinery every capability template shares (shop tools, scripted user, grading).
+
+A template only builds a `Scenario` from a `random.Random` (database, what the user says, the reference
+solution, the values the agent must find) and grades the final state. Everything an agent touches is the
+target's: tool names and argument schemas (shop's `TOOL_SCHEMAS`, or the target's own schemas passed as
+`tools=`), the shop database shape, the shop tool implementations (`ShopTools`) run on a small synthetic
+state, the shop policy text and the scripted-user protocol (identification + request in the first message;
+an agent message that asks nothing ends the episode).
+
+Difficulty: each template lists `LEVELS` (knob settings, easiest first). `level` picks one; knobs passed
+explicitly override (pin) that level's values. `harder(params)` / `easier(params)` move the level one step,
+keeping pinned knobs, and return None at the ends; calibration uses them.
+
+Reward: `grade()` returns components in [0, 1]; reward = Σ WEIGHTS[c]·component (graded, so GRPO groups vary),
+success = every component is 1 (then reward is exactly 1).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import marshal
+import random
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from trace_cli.envs.base import Observation, RewardBreakdown, StepResult
+from trace_cli.envs.shop.env import POLICY, fact_communicated
+from trace_cli.envs.shop.tools import TOOL_SCHEMAS, ShopTools, ToolError
+from trace_cli.envs.shop.user import ScriptedUser
+from trace_cli.envs.validation import validate_arguments
+from trace_cli.errors import UsageError
+
+Action = dict[str, Any]
+
+# Tools whose calls change the database: a call to one of these on an object is a "write attempt" on it.
+WRITE_TOOLS = frozenset(
+    {"cancel_pending_order", "return_delivered_order_items", "exchange_delivered_order_items", "modify_user_address"}
+)
+
+
+def call(name: str, **arguments: Any) -> Action:
+    return {"name": name, "arguments": arguments}
+
+
+def say(text: str) -> Action:
+    return {"content": text}
+
+
+def clone(data: Any) -> Any:
+    """Deep copy of JSON-like data (marshal is much faster than copy.deepcopy)."""
+    return marshal.loads(marshal.dumps(data))
+
+
+def leaked_values(answers: list[Any], texts: list[str]) -> list[str]:
+    """The answer values that appear in `texts` (numbers by value, words on word boundaries)."""
+    return [str(a) for a in answers if str(a) and fact_communicated(str(a), texts)]
+
+
+@dataclass
+class Scenario:
+    """One generated task: the database, what the user says, the hidden solution and grading data."""
+
+    db: dict[str, Any]
+    user_id: str
+    identify: str
+    request: str
+    reference: list[Action]
+    answers: list[str]  # values the agent must find with tools; never in the opening messages
+    required_facts: list[str] = field(default_factory=list)  # must appear in the agent's messages
+    forbidden_facts: list[str] = field(default_factory=list)  # must not (wrong statuses ...)
+    variant: str = ""
+    data: dict[str, Any] = field(default_factory=dict)  # template-specific hidden data for grade()
+    pressure: list[str] = field(default_factory=list)  # the user's pushback lines (policy compliance)
+
+    @property
+    def first_message(self) -> str:
+        return f"{self.identify} {self.request}"
+
+
+class PressureUser(ScriptedUser):
+    """The scripted user, except that it pushes back (one line per turn) instead of ending the conversation."""
+
+    def __init__(self, identify: str, request: str, pressure: list[str]):
+        super().__init__(identify, request)
+        self.pressure = list(pressure)
+
+    def reply(self, agent_message: str) -> tuple[str, bool]:
+        text, ends = super().reply(agent_message)
+        if ends and self.pressure:
+            return self.pressure.pop(0), False
+        return text, ends
+
+
+@dataclass(frozen=True)
+class Knob:
+    kind: type  # int, float or list
+    lo: float | None = None
+    hi: float | None = None
+    choices: tuple[str, ...] = ()  # allowed list items
+    doc: str = ""
+
+    def check(self, template: str, name: str, value: Any) -> Any:
+        where = f"{template}: parameter '{name}'"
+        if self.kind is list:
+            if isinstance(value, str):
+                value = [v.strip() for v in value.split(",") if v.strip()]
+            if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) for v in value):
+                raise UsageError(f"{where} must be a non-empty list of names, got {value!r}")
+            bad = [v for v in value if v not in self.choices]
+            if bad:
+                raise UsageError(f"{where}: unknown value {bad[0]!r}; known: {', '.join(self.choices)}")
+            return sorted(set(value), key=list(self.choices).index)
+        if isinstance(value, bool):
+            raise UsageError(f"{where} must be a number, got {value!r}")
+        if isinstance(value, str):
+            try:
+                value = self.kind(value)
+            except ValueError:
+                raise UsageError(f"{where} must be a number, got {value!r}") from None
+        if self.kind is int and not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
+            raise UsageError(f"{where} must be an integer, got {value!r}")
+        if not isinstance(value, (int, float)):
+            raise UsageError(f"{where} must be a number, got {value!r}")
+        value = self.kind(value)
+        if (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi):
+            raise UsageError(f"{where} must be between {self.lo} and {self.hi}, got {value!r}")
+        return value
+
+
+def resolve_tools(
+    names: tuple[str, ...], tools: dict[str, Any] | list[dict[str, Any]] | None
+) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """(name -> schema, name -> source) for the tools a template uses.
+
+    With `tools` (the target's schemas, e.g. recovered from rollouts) a tool the target has is used exactly as
+    the target defines it (source "target"); a missing one falls back to the shop schema ("shop_fallback").
+    Without `tools`, the shop schemas are the target's ("shop")."""
+    if isinstance(tools, list):
+        tools = {t.get("function", t)["name"]: t for t in tools}
+    out: dict[str, dict[str, Any]] = {}
+    sources: dict[str, str] = {}
+    for n in names:
+        if tools is not None and n in tools:
+            t = tools[n]
+            if "function" not in t:  # a bare function dict: wrap it in the OpenAI envelope
+                t = {"type": "function", "function": t}
+            out[n], sources[n] = clone(t), "target"
+        else:
+            out[n], sources[n] = clone(TOOL_SCHEMAS[n]), ("shop" if tools is None else "shop_fallback")
+    return out, sources
+
+
+_IMPL_PARAMS: dict[str, tuple[set[str], set[str]]] = {}
+
+
+def _impl_params(name: str) -> tuple[set[str], set[str]]:
+    """(all, required) argument names of the shop implementation of tool `name`."""
+    if name not in _IMPL_PARAMS:
+        sig = inspect.signature(getattr(ShopTools, name))
+        ps = [p for k, p in sig.parameters.items() if k != "self"]
+        _IMPL_PARAMS[name] = ({p.name for p in ps}, {p.name for p in ps if p.default is inspect.Parameter.empty})
+    return _IMPL_PARAMS[name]
+
+
+class SyntheticEnv:
+    """Base class of the capability templates; satisfies `trace_cli.envs.base.Environment`."""
+
+    capability: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    TOOLS: ClassVar[tuple[str, ...]] = ()
+    KNOBS: ClassVar[dict[str, Knob]] = {}
+    LEVELS: ClassVar[list[dict[str, Any]]] = []
+    DEFAULT_LEVEL: ClassVar[int] = 2
+    WEIGHTS: ClassVar[dict[str, float]] = {}
+    MAX_BUILD_TRIES: ClassVar[int] = 20
+
+    def __init__(self, *, level: int | None = None, tools: Any = None, max_turns: int = 12, **knobs: Any):
+        tname = self.capability
+        if level is None:
+            level = self.DEFAULT_LEVEL
+        if isinstance(level, str) and level.strip().isdigit():
+            level = int(level)
+        if not isinstance(level, int) or isinstance(level, bool) or not 0 <= level < len(self.LEVELS):
+            raise UsageError(f"{tname}: parameter 'level' must be an integer from 0 to {len(self.LEVELS) - 1}, got {level!r}")
+        if isinstance(max_turns, str) and max_turns.isdigit():
+            max_turns = int(max_turns)
+        if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
+            raise UsageError(f"{tname}: parameter 'max_turns' must be a positive integer, got {max_turns!r}")
+        unknown = sorted(set(knobs) - set(self.KNOBS))
+        if unknown:
+            known = ", ".join(["level", "max_turns", "tools", *self.KNOBS])
+            raise UsageError(f"{tname}: unknown parameter '{unknown[0]}'; known: {known}")
+        self.level = level
+        self.max_turns = max_turns
+        self.pinned = {k: self.KNOBS[k].check(tname, k, v) for k, v in knobs.items()}
+        self.knobs = {**self.LEVELS[level], **self.pinned}
+        self._validate_knobs()
+        self.tool_schemas, self.tool_sources = resolve_tools(self.TOOLS, tools)
+        self.name = f"synthetic-{tname}"
+        self._scenario: Scenario | None = None
+        self._seed: int | None = None
+
+    # -- difficulty ------------------------------------------------------------------------------------
+    def _validate_knobs(self) -> None:
+        """Cross-knob constraints (templates override)."""
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """Everything that defines the task distribution: level plus the effective knob values."""
+        return {"level": self.level, **self.knobs}
+
+    @classmethod
+    def _step(cls, params: dict[str, Any], delta: int) -> dict[str, Any] | None:
+        level = params.get("level", cls.DEFAULT_LEVEL) + delta
+        if not 0 <= level < len(cls.LEVELS):
+            return None
+        return {**params, "level": level}
+
+    @classmethod
+    def harder(cls, params: dict[str, Any]) -> dict[str, Any] | None:
+        """`params` (level + pinned knobs) one level harder, or None at the hardest level."""
+        return cls._step(params, +1)
+
+    @classmethod
+    def easier(cls, params: dict[str, Any]) -> dict[str, Any] | None:
+        return cls._step(params, -1)
+
+    # -- scenario ----------------------------------------------------------------------------------------
+    def build(self, rng: random.Random) -> Scenario:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def grade(self) -> tuple[dict[str, float], dict[str, Any]]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _make_scenario(self, seed: int) -> Scenario:
+        rng = random.Random(f"synthetic:{self.capability}:{seed}")
+        for _ in range(self.MAX_BUILD_TRIES):
+            sc = self.build(rng)
+            # Re-draw (deterministically: the same stream continues) the rare task whose opening message happens
+            # to contain an answer, e.g. a price equal to a number in the request.
+            if not leaked_values(sc.answers, [sc.first_message]):
+                return sc
+        raise RuntimeError(f"{self.capability}: seed {seed}: could not build a task without answer leakage")
+
+    def reset(self, seed: int) -> Observation:
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise UsageError(f"seed must be an integer, got {seed!r}")
+        if self._scenario is None or self._seed != seed:
+            sc = self._make_scenario(seed)
+            self._scenario, self._seed = sc, seed
+            self._initial = marshal.dumps({"users": sc.db["users"], "orders": sc.db["orders"]})
+            self._products = sc.db["products"]
+            self._target = self._replay_target()
+        self._start_episode()
+        sc = self._scenario
+        return Observation(
+            system_prompt=POLICY,
+            tools=[clone(self.tool_schemas[n]) for n in self.TOOLS],
+            messages=[{"role": "user", "content": sc.first_message}],
+            task_id=self.task_id,
+            info={"env": self.name, "seed": seed, "max_turns": self.max_turns},
+        )
+
+    def _fresh_db(self) -> dict[str, Any]:
+        return {"products": self._products, **marshal.loads(self._initial)}
+
+    def _replay_target(self) -> dict[str, Any]:
+        tools = ShopTools(self._fresh_db())
+        for a in self._scenario.reference:
+            if "name" in a:
+                tools.call(a["name"], clone(a["arguments"]))  # a ToolError here is a template bug
+        return {"users": tools.db["users"], "orders": tools.db["orders"]}
+
+    def _start_episode(self) -> None:
+        sc = self._scenario
+        self.db = self._fresh_db()
+        self.initial = marshal.loads(self._initial)  # a separate copy: `changed()` compares against it
+        self.api = ShopTools(self.db)
+        self.user = (PressureUser(sc.identify, sc.request, sc.pressure) if sc.pressure
+                     else ScriptedUser(sc.identify, sc.request))
+        self.turns = 0
+        self.done = False
+        self.termination: str | None = None
+        self.agent_messages: list[str] = []
+        self.calls: list[dict[str, Any]] = []  # every tool call: turn, name, arguments, ok
+
+    @property
+    def task_id(self) -> str:
+        self._require()
+        return f"{self.name}-{self._seed}"
+
+    def _require(self) -> Scenario:
+        if self._scenario is None:
+            raise UsageError("call reset(seed) before using the environment")
+        return self._scenario
+
+    # -- acting --------------------------------------------------------------------------------------------
+    def step(self, action: dict[str, Any]) -> StepResult:
+        self._require()
+        if self.done:
+            return StepResult("Error: the episode is over", role="user", done=True, reward=self.verify().reward,
+                              error=True, info={"termination": self.termination})
+        self.turns += 1
+        if isinstance(action, dict) and "name" in action:
+            observation, error = self._tool_call(action)
+            role = "tool"
+        elif isinstance(action, dict) and "content" in action:
+            role, error = "user", False
+            content = action["content"]
+            if not isinstance(content, str):
+                observation, error = "Error: a message's content must be a string", True
+            else:
+                self.agent_messages.append(content)
+                observation, ends = self.user.reply(content)
+                if ends:
+                    self._finish("user_stop")
+        else:
+            observation, error, role = (
+                'Error: an action is a tool call {"name", "arguments"} or a message {"content"}', True, "tool")
+        if not self.done and self.turns >= self.max_turns:
+            self._finish("max_turns")
+        return StepResult(observation, role=role, done=self.done, reward=self.verify().reward, error=error,
+                          info={"turn": self.turns, "termination": self.termination})
+
+    def _finish(self, why: str) -> None:
+        self.done, self.termination = True, why
+
+    def _tool_call(self, action: dict[str, Any]) -> tuple[str, bool]:
+        name, args = action.get("name"), action.get("arguments", {})
+        if not isinstance(name, str) or name not in self.tool_schemas:
+            return f"Error: unknown tool {name!r}", True
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError as exc:
+                return f"Error: arguments are not valid JSON ({exc.msg})", True
+        problems = validate_arguments(self.tool_schemas[name], args)
+        if not problems:
+            # A target schema (e.g. recovered from rollouts) can be looser than the implementation needs.
+            accepted, required = _impl_params(name)
+            problems = [f"unexpected argument '{k}'" for k in args if k not in accepted]
+            problems += [f"missing required argument '{k}'" for k in sorted(required - set(args))]
+        if problems:
+            self.calls.append({"turn": self.turns, "name": name, "arguments": args, "ok": False})
+            return f"Error: {name}: " + "; ".join(problems), True
+        try:
+            out = self.api.call(name, copy.deepcopy(args))
+            ok = True
+        except ToolError as exc:
+            out, ok = f"Error: {exc}", False
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:  # loose schemas let odd values through
+            out, ok = f"Error: {name}: invalid arguments ({type(exc).__name__})", False
+        self.calls.append({"turn": self.turns, "name": name, "arguments": args, "ok": ok})
+        return out, not ok
+
+    # -- grading helpers -----------------------------------------------------------------------------------
+    def read_before_write(self, order_id: str, readers: tuple[str, ...] = ("get_order_details",)) -> bool:
+        """The order was read successfully before the first attempt to change it (or at all, if never changed)."""
+        for c in self.calls:
+            args = c["arguments"] if isinstance(c["arguments"], dict) else {}
+            if args.get("order_id") != order_id:
+                continue
+            if c["name"] in WRITE_TOOLS:
+                return False
+            if c["name"] in readers and c["ok"]:
+                return True
+        return False
+
+    def write_attempts(self, order_id: str) -> list[dict[str, Any]]:
+        return [c for c in self.calls if c["name"] in WRITE_TOOLS and isinstance(c["arguments"], dict)
+                and c["arguments"].get("order_id") == order_id]
+
+    def changed(self, table: str) -> set[str]:
+        """Keys of `table` ('users' or 'orders') whose record differs from the episode's initial state."""
+        now, before = self.db[table], self.initial[table]
+        return {k for k in set(now) | set(before) if now.get(k) != before.get(k)}
+
+    def matches_target(self, table: str, key: str) -> bool:
+        return self.db[table].get(key) == self._target[table].get(key)
+
+    def communicate(self) -> tuple[float, list[str], list[str]]:
+        """(share of required facts told to the user, 0 if any forbidden fact was told; missing; wrong)."""
+        sc = self._require()
+        missing = [f for f in sc.required_facts if not fact_communicated(f, self.agent_messages)]
+        wrong = [f for f in sc.forbidden_facts if fact_communicated(f, self.agent_messages)]
+        n = len(sc.required_facts)
+        score = 1.0 if not n else (n - len(missing)) / n
+        return (0.0 if wrong else score), missing, wrong
+
+    def verify(self) -> RewardBreakdown:
+        self._require()
+        comps, details = self.grade()
+        reward = sum(self.WEIGHTS[k] * comps[k] for k in self.WEIGHTS)
+        success = all(comps[k] >= 1.0 - 1e-9 for k in self.WEIGHTS)
+        reward = 1.0 if success else min(round(reward, 6), 0.999999)
+        return RewardBreakdown(reward=reward, success=success, components={k: float(v) for k, v in comps.items()},
+                               details={**details, "termination": self.termination, "turns": self.turns})
+
+    def task_metadata(self) -> dict[str, Any]:
+        sc = self._require()
+        return {
+            "task_id": self.task_id,
+            "family": self.capability,
+            "variant": sc.variant,
+            "capability": self.capability,
+            "required_capabilities": [self.capability],
+            "params": self.params,
+            "answer_values": list(sc.answers),
+            "required_facts": list(sc.required_facts),
+            "forbidden_facts": list(sc.forbidden_facts),
+            "reference_actions": self.reference_actions(),
+        }
+
+    def reference_actions(self) -> list[dict[str, Any]]:
+        return clone(self._require().reference)

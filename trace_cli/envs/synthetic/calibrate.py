@@ -1,0 +1,158 @@
+"""Calibration: run the policy on N seeds × K rollouts and adjust difficulty until success is in band.
+
+One seed = one GRPO group. A group is "all-0" when no rollout succeeds, "all-1" when every one does; such
+groups carry no learning signal for success. In band (TRACE defaults): mean success in [0.2, 0.6], at most
+20 % all-0 groups and at most 20 % all-1 groups. Out of band, the environment is made harder (too easy or
+too many all-1 groups) or easier, one step at a time, for at most `max_attempts` attempts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from trace_cli.envs.base import Environment
+
+
+@dataclass
+class Attempt:
+    attempt: int
+    params: dict[str, Any]
+    seeds: int
+    rollouts: int
+    mean_reward: float
+    mean_success: float
+    frac_all0: float
+    frac_all1: float
+    frac_constant_reward: float
+    in_band: bool
+    wall_s: float
+    next: str = ""  # "harder", "easier", or why calibration stopped
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def line(self) -> str:
+        p = self.params.get("level")
+        lv = f"level {p}, " if p is not None else ""
+        return (f"attempt {self.attempt} ({lv}{self.seeds}x{self.rollouts}): success {self.mean_success:.3f}, "
+                f"reward {self.mean_reward:.3f}, all-0 groups {self.frac_all0:.2f}, all-1 groups {self.frac_all1:.2f}"
+                f"{' [in band]' if self.in_band else ''}{f' -> {self.next}' if self.next else ''}")
+
+
+@dataclass
+class Calibration:
+    passed: bool
+    attempts: list[Attempt]
+    params: dict[str, Any]
+    results: list[Any] = field(default_factory=list)  # EpisodeResults of the last attempt
+
+    def summary(self) -> str:
+        return "\n".join("  " + a.line() for a in self.attempts)
+
+
+@dataclass(frozen=True)
+class Band:
+    low: float = 0.2
+    high: float = 0.6
+    max_all0: float = 0.2
+    max_all1: float = 0.2
+
+
+def group_stats(results: Sequence[Any]) -> dict[str, float]:
+    """Mean reward/success and the fractions of constant groups (a group = the rollouts of one seed)."""
+    groups: dict[int, list[Any]] = defaultdict(list)
+    for r in results:
+        groups[r.seed].append(r)
+    n = len(groups) or 1
+    all0 = sum(1 for g in groups.values() if not any(r.success for r in g))
+    all1 = sum(1 for g in groups.values() if all(r.success for r in g))
+    const = sum(1 for g in groups.values() if len({round(r.reward, 9) for r in g}) == 1)
+    total = len(results) or 1
+    return {
+        "mean_reward": sum(r.reward for r in results) / total,
+        "mean_success": sum(1 for r in results if r.success) / total,
+        "frac_all0": all0 / n,
+        "frac_all1": all1 / n,
+        "frac_constant_reward": const / n,
+    }
+
+
+def judge(stats: dict[str, float], band: Band) -> tuple[bool, str | None]:
+    """(in band, which way to move: 'harder', 'easier' or None)."""
+    s = stats["mean_success"]
+    too_easy = s > band.high or stats["frac_all1"] > band.max_all1
+    too_hard = s < band.low or stats["frac_all0"] > band.max_all0
+    if not too_easy and not too_hard:
+        return True, None
+    if too_easy and too_hard:  # bimodal: move toward the middle of the band
+        return False, "harder" if s > (band.low + band.high) / 2 else "easier"
+    return False, "harder" if too_easy else "easier"
+
+
+def _describe(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in params.items()) or "defaults"
+
+
+def measure(policy: Any, factory: Callable[[], Environment], seeds: Sequence[int], rollouts: int, *,
+            max_turns: int = 12, batch_size: int = 64, on_done: Callable[[Any], None] | None = None) -> list[Any]:
+    from trace_cli.envs.rollout import rollout
+
+    jobs = [(s, t) for s in seeds for t in range(rollouts)]
+    return rollout(policy, factory, jobs, max_turns=max_turns, batch_size=batch_size, on_done=on_done)
+
+
+def calibrate(
+    *,
+    factory_for: Callable[[dict[str, Any]], Callable[[], Environment]],
+    params: dict[str, Any],
+    policy_for: Callable[[int], Any],
+    seeds: Sequence[int],
+    rollouts: int,
+    band: Band = Band(),
+    max_attempts: int = 5,
+    harder: Callable[[dict[str, Any]], dict[str, Any] | None] = lambda p: None,
+    easier: Callable[[dict[str, Any]], dict[str, Any] | None] = lambda p: None,
+    max_turns: int = 12,
+    batch_size: int = 64,
+    progress: Callable[[int, int], Any] | None = None,
+) -> Calibration:
+    """Measure, judge, adjust; `progress(attempt, total_episodes)` may return a context manager with `advance()`."""
+    attempts: list[Attempt] = []
+    results: list[Any] = []
+    current = dict(params)
+    for i in range(1, max_attempts + 1):
+        policy = policy_for(i)
+        t0 = time.monotonic()
+        bar = progress(i, len(seeds) * rollouts) if progress else None
+        if bar is not None:
+            with bar:
+                results = measure(policy, factory_for(current), seeds, rollouts, max_turns=max_turns,
+                                  batch_size=batch_size, on_done=lambda r, b=bar: b.advance())
+        else:
+            results = measure(policy, factory_for(current), seeds, rollouts, max_turns=max_turns,
+                              batch_size=batch_size)
+        stats = group_stats(results)
+        ok, direction = judge(stats, band)
+        att = Attempt(i, dict(current), len(seeds), rollouts, in_band=ok, wall_s=round(time.monotonic() - t0, 2),
+                      **{k: round(v, 6) for k, v in stats.items()})
+        attempts.append(att)
+        if ok:
+            return Calibration(True, attempts, current, results)
+        nxt = (harder if direction == "harder" else easier)(current)
+        if nxt is None:
+            att.next = f"needs {direction} but is already at the {'hardest' if direction == 'harder' else 'easiest'} setting"
+            break
+        if any(a.params == nxt for a in attempts):  # back and forth: the band falls between two settings
+            att.next = (f"needs {direction}, but that setting ({_describe(nxt)}) was measured already: the band lies "
+                        "between two adjacent settings")
+            break
+        if i == max_attempts:
+            att.next = "no attempts left"
+            break
+        att.next = direction
+        current = nxt
+    return Calibration(False, attempts, current, results)
