@@ -75,6 +75,32 @@ def _same_ids(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return all(k in a and norm(a[k]) == norm(b[k]) for k in keys)
 
 
+def _result_keys(value: Any, calls: list[Call]) -> set[str]:
+    """JSON keys under which `value` (or each element of a list) appears in the given tool results."""
+    keys: set[str] = set()
+    for x in value if isinstance(value, list) else [value]:
+        pat = re.compile(r'"(\w+)"\s*:\s*"?' + re.escape(str(x)) + r'"?\s*[,}\]]')
+        for c in calls:
+            keys.update(pat.findall(c.result or ""))
+    return keys
+
+
+def _wrong_kind(arg: str, value: Any, calls: list[Call]) -> bool:
+    """The value is an id of another kind (e.g. a product_id passed as new_item_ids): a precision slip."""
+    want = arg.removesuffix("s")
+    found = _result_keys(value, calls)
+    return bool(found) and not any(k == want or want.endswith("_" + k) or k.endswith(want) for k in found)
+
+
+def _same_up_to_format(a: Any, b: Any) -> bool:
+    """Equal after normalising, also when one side is a bare value and the other a one-element list."""
+    if isinstance(b, list) and not isinstance(a, list) and len(b) == 1:
+        return norm(a) == norm(b[0])
+    if isinstance(a, list) and not isinstance(b, list) and len(a) == 1:
+        return norm(a[0]) == norm(b)
+    return norm(a) == norm(b)
+
+
 def precondition_verification(t: Trajectory) -> tuple[str, str]:
     calls = t.calls()
     writes = [c for c in calls if is_write(c.name)]
@@ -124,9 +150,16 @@ def tool_calling_precision(t: Trajectory) -> tuple[str, str]:
         refs = [r for r in (t.reference or []) if r.get("name") == c.name]
         if not refs or any(_args(c) == r.get("arguments", {}) for r in refs):
             continue
+        before = [p for p in calls if p.index < c.index]
+        kinds = [k for k, v in _args(c).items() if k.endswith(("_id", "_ids")) and any(
+            k in r.get("arguments", {}) and not _same_up_to_format(v, r["arguments"][k]) for r in refs)
+            and _wrong_kind(k, v, before)]
+        if kinds:
+            problems.append(f"{c.name}: id of the wrong kind for {', '.join(kinds)}")
+            continue
         for r in refs:
             ra = r.get("arguments", {})
-            if set(ra) == set(_args(c)) and all(norm(_args(c)[k]) == norm(ra[k]) for k in ra):
+            if set(ra) == set(_args(c)) and all(_same_up_to_format(_args(c)[k], ra[k]) for k in ra):
                 diff = [k for k in ra if _args(c)[k] != ra[k]]
                 problems.append(f"{c.name}: argument format differs from the right call ({', '.join(diff)})")
                 break
@@ -140,29 +173,40 @@ def structured_data_reasoning(t: Trajectory) -> tuple[str, str]:
         return NA, "no reference actions"
     calls = t.calls()
     user = " ".join(t.user_texts()).lower()
+
+    def given(v: Any) -> bool:
+        vals = v if isinstance(v, list) else [v]
+        return bool(vals) and any(str(x).lower().lstrip("#") in user for x in vals)
+
     judged = 0
     problems = []
     for r in t.reference:
         ra = r.get("arguments", {}) or {}
-        agent = [c for c in calls if c.name == r.get("name")]
-        if not agent:
+        data = {k: v for k, v in ra.items() if not given(v)}  # values the agent had to pick from tool output
+        if not data:
             continue
-        for k, v in ra.items():
-            vals = v if isinstance(v, list) else [v]
-            if not vals or any(str(x).lower().lstrip("#") in user for x in vals):
-                continue  # given by the user, not chosen from data
-            for c in agent:
-                shown = [p for p in calls if p.index < c.index and p.result]
-                if not all(any(str(x).lstrip("#") in p.result for p in shown) for x in vals):
-                    continue  # the right value had not been shown to the agent yet
-                judged += 1
-                got = _args(c).get(k)
-                if got is not None and norm(got) != norm(v):
-                    problems.append(f"{c.name}.{k}: used {got!r} where the data showed {v!r}")
+        fixed = {k: v for k, v in ra.items() if k not in data}  # values the user gave: identify the target
+        agent = [c for c in calls if c.name == r.get("name")
+                 and all(k in _args(c) and norm(_args(c)[k]) == norm(v) for k, v in fixed.items())]
+        shown_before = [c for c in agent if all(
+            any(str(x).lstrip("#") in (p.result or "") for p in calls if p.index < c.index)
+            for v in data.values() for x in (v if isinstance(v, list) else [v]))]
+        if not shown_before:
+            continue  # not attempted, or the right values had not been shown to the agent yet
+        judged += 1
+        if any(all(norm(_args(c).get(k)) == norm(v) for k, v in data.items()) for c in shown_before):
+            continue
+        c = shown_before[-1]
+        before = [p for p in calls if p.index < c.index]
+        wrong = [k for k, v in data.items() if not _same_up_to_format(_args(c).get(k), v)
+                 and not _wrong_kind(k, _args(c).get(k), before)]
+        if not wrong:
+            continue  # a format or id-kind slip: tool-calling precision, not a wrong choice
+        problems.append(f"{c.name}: {', '.join(f'{k}={_args(c).get(k)!r} where the data showed {data[k]!r}' for k in wrong)}")
     if problems:
         return LACKING, "; ".join(dict.fromkeys(problems))
     if judged:
-        return PRESENT, f"{judged} data-derived argument(s) chosen correctly"
+        return PRESENT, f"{judged} data-derived choice(s) made correctly"
     return NA, "no action depends on a value chosen from tool output"
 
 
@@ -188,6 +232,7 @@ def policy_compliance_under_pressure(t: Trajectory) -> tuple[str, str]:
 
 
 _COURTESY = re.compile(r"\b(please|thank|thanks|sorry|happy to|glad|apolog|of course|certainly|sure)\b", re.I)
+_RUDE = re.compile(r"\b(whatever|not my problem|figure it out|stop asking|obviously)\b", re.I)
 _UPSELL = re.compile(r"(also recommend|you might (also )?like|would you like to add|consider adding|upgrade)", re.I)
 
 
@@ -195,9 +240,14 @@ def tone_and_empathy(t: Trajectory) -> tuple[str, str]:
     texts = t.agent_texts()
     if not texts:
         return NA, "no message to the user"
+    # A plain, informative answer is not a lack of empathy (borderline leans PRESENT): LACKING needs curt or
+    # dismissive messages.
+    curt = [x for x in texts if len(x.split()) < 4 or _RUDE.search(x)]
+    if curt and len(curt) == len(texts):
+        return LACKING, f"curt or dismissive: {curt[0][:60]!r}"
     if any(_COURTESY.search(x) for x in texts):
         return PRESENT, "courteous phrasing present"
-    return LACKING, "no courtesy in any message"
+    return PRESENT, "plain, complete answers"
 
 
 def language_fluency(t: Trajectory) -> tuple[str, str]:

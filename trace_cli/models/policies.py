@@ -26,6 +26,33 @@ class ReferencePolicy:
         return out
 
 
+class DemonstrationPolicy(ReferencePolicy):
+    """Replays the environment's deficit demonstrations: `policy:demonstration?deficits=a,b&rate=0.9`.
+
+    This is the behaviour an SFT base agent with those deficits is trained to imitate, scripted: a
+    reference point for diagnose (what a base agent "with known failures" produces) that needs no training.
+    With rate < 1 a seeded share of episodes shows the withheld behaviour after all."""
+
+    def __init__(self, deficits: set[str], rate: float = 1.0, seed: int = 0):
+        self.deficits = set(deficits)
+        self.rate = rate
+        self.seed = seed
+        self.name = f"policy:demonstration?deficits={','.join(sorted(deficits))}&rate={rate:g}"
+
+    def begin(self, state: EpisodeState) -> None:
+        rng = random.Random(self.seed * 1_000_003 + state.seed * 31 + state.trial)
+        demo = getattr(state.env, "demonstration", None)
+        plan = list(state.env.reference_actions())
+        if rng.random() < self.rate:
+            if self.deficits and demo is not None:
+                plan = list(demo(set(self.deficits)))
+            elif demo is None:
+                # an environment without named deficits (e.g. a synthesized one): stop half-way and close,
+                # the generic way of "not finishing the job" (partial credit where the env grades it)
+                plan = plan[: max(1, len(plan) // 2)] + [{"content": "Is there anything else I can help with?"}]
+        state.turns.append({"plan": plan})
+
+
 def _random_value(schema: dict[str, Any], rng: random.Random) -> Any:
     t = schema.get("type", "string")
     if "enum" in schema:

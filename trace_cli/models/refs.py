@@ -15,7 +15,28 @@ from typing import Any
 from trace_cli.errors import NotFoundError, UsageError
 from trace_cli.store import Store
 
-BUILTIN_POLICIES = ("policy:reference", "policy:random")
+BUILTIN_POLICIES = ("policy:reference", "policy:random")  # + policy:demonstration?deficits=a,b&rate=0.9
+
+
+def _demonstration_params(ref: str) -> tuple[set[str], float]:
+    """`policy:demonstration?deficits=a,b&rate=0.9` -> ({a, b}, 0.9)."""
+    from urllib.parse import parse_qsl
+
+    base, _, query = ref.partition("?")
+    if base != "policy:demonstration":
+        raise UsageError(f"unknown built-in policy {ref!r}")
+    params = dict(parse_qsl(query))
+    unknown = set(params) - {"deficits", "rate"}
+    if unknown:
+        raise UsageError(f"{ref!r}: unknown parameter(s) {', '.join(sorted(unknown))} (expected deficits, rate)")
+    deficits = {d for d in params.get("deficits", "").split(",") if d}
+    try:
+        rate = float(params.get("rate", 1.0))
+    except ValueError:
+        raise UsageError(f"{ref!r}: rate must be a number in [0, 1]") from None
+    if not 0.0 <= rate <= 1.0:
+        raise UsageError(f"{ref!r}: rate must be a number in [0, 1]")
+    return deficits, rate
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 _BIG = 64 << 20
 
@@ -72,6 +93,9 @@ def check_hf_dir(path: Path) -> None:
 def resolve_model(ref: str, store: Store | None = None) -> ModelRef:
     if not isinstance(ref, str) or not ref:
         raise UsageError("a model reference is required (store://model/NAME, a local dir, or policy:reference)")
+    if ref.startswith("policy:demonstration"):
+        _demonstration_params(ref)  # validate now
+        return ModelRef("builtin", ref, hashlib.sha256(ref.encode()).hexdigest())
     if ref in BUILTIN_POLICIES:
         return ModelRef("builtin", ref, hashlib.sha256(ref.encode()).hexdigest())
     if ref.startswith("policy:"):
@@ -167,6 +191,9 @@ def load_policy(ref: ModelRef, *, temperature: float = 0.0, top_p: float = 1.0, 
     from trace_cli.models import policies
 
     if ref.kind == "builtin":
+        if ref.display.startswith("policy:demonstration"):
+            deficits, rate = _demonstration_params(ref.display)
+            return policies.DemonstrationPolicy(deficits, rate, seed)
         return policies.ReferencePolicy() if ref.display == "policy:reference" else policies.RandomPolicy(seed)
     model, tok = load_hf(ref)
     return policies.HFPolicy(model, tok, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
