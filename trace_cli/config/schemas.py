@@ -174,7 +174,11 @@ def validate_file(path: str | Path) -> str:
             raise InputError(f"{p}: not a UTF-8 text file (byte {e.start}: {e.reason})") from e
         if not text.strip():
             raise InputError(f"{p}: the file is empty; expected one JSON episode per line")
-        for i, line in enumerate(text.splitlines(), start=1):
+        # lines end at "\n" only (and a "\r" before it): str.splitlines() would also split at U+2028, U+2029
+        # and U+0085, which JSON allows raw inside strings
+        for i, line in enumerate(text.split("\n"), start=1):
+            if line.endswith("\r"):
+                line = line[:-1]
             if not line.strip():
                 continue
             try:

@@ -3,19 +3,32 @@
 Bad input is found before anything is written: every problem names the record and the field. With
 `on_error: fail` (default) any problem aborts (exit 2, nothing written); with `skip` the good records are
 written and the bad ones go to rejects.jsonl with their reasons.
+
+Speed (issue 2): files are parsed with orjson, the cyclic garbage collector is off while the records are built
+(it otherwise spends most of the parse time walking millions of young, acyclic containers), the JSON columns
+are encoded straight to UTF-8 bytes for Arrow, and JSONL records that a hand-written check can prove valid skip
+jsonschema. orjson differs from `json` in a few ways, all handled so that what is stored and every error
+message stay exactly as with `json` (see "JSON" below).
 """
 
 from __future__ import annotations
 
+import gc
 import json
+import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import orjson
+import pyarrow as pa
 
 from trace_cli.errors import InputError
 from trace_cli.progress import track
 from trace_cli.stages.base import Prepared, checked_config
 from trace_cli.store import Artifact, Store, file_input, layout
-from trace_cli.store.rollouts import tool_call_rows, write_tables
+from trace_cli.store.rollouts import rows_table, string_array, tool_call_tuples, write_tables
+from trace_cli.store.tables import EPISODES_SCHEMA, TOOL_CALLS_SCHEMA
 
 NAME = "ingest"
 PATH_KEYS = ("path",)
@@ -99,11 +112,65 @@ def _tau2_messages(raw: list[Any], where: str) -> tuple[list[dict[str, Any]], li
     return out, problems
 
 
-def _read_text(path: Path) -> str:
+def _decode(data: bytes, path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise InputError(f"{path}: not a UTF-8 text file (byte {e.start}: {e.reason}); expected JSON") from e
+
+
+# ----------------------------------------------------------------------------- JSON
+# orjson is several times faster than `json` but not a drop-in: it rejects what `json` accepts beyond RFC 8259
+# (NaN/Infinity, lone surrogates, nesting deeper than 1024, numbers that overflow a double) and, silently, turns
+# an integer outside [-2**63, 2**64) into a float. So a document (τ²) or line (JSONL) orjson rejects is parsed
+# with `json` instead, and one parsed with orjson is redone with `json` (`_Inexact`) when anything it stores or
+# reports could show such a rounded integer: a float >= 1e18 in its encoded output, a float where an integer id
+# belongs, a bad record. Records done with `json` are also encoded with `json` (orjson writes NaN as null).
+# Otherwise both parsers give the same values, so the stored data and the messages do not depend on the parser;
+# only the stored JSON text is compact (`{"a":1}` rather than `{"a": 1}`).
+
+
+class _Inexact(Exception):
+    """orjson may have changed a value (an integer beyond 64 bits, NaN): redo this record with `json`."""
+
+
+_NOT_PARSED = object()
+# a float >= 1e18 as orjson writes it (1.2345678901234568e+22): the only trace a rounded integer leaves
+_BIG_FLOAT = re.compile(rb"[0-9]e\+(?:1[89]|[2-9][0-9]|[0-9]{3})")
+
+
+def _fast_dumps(v: Any) -> bytes:
+    """orjson-encode a value parsed by orjson (UTF-8 bytes, which Arrow takes as a string as they are)."""
+    try:
+        out = orjson.dumps(v)
+    except TypeError as e:  # an int beyond 64 bits, a lone surrogate, nesting deeper than 254: `json` does it
+        raise _Inexact from e
+    if b"e+" in out and _BIG_FLOAT.search(out):
+        raise _Inexact
+    return bytes(memoryview(out))  # see _dumps_trimmed
+
+
+def _dumps_trimmed(v: Any) -> bytes:
+    """orjson.dumps, copied to a buffer of its size: orjson's own is rounded up to a power of two, at least
+    4 KiB, which for a million small tool-call arguments held until the table is built is gigabytes."""
+    return bytes(memoryview(orjson.dumps(v)))
+
+
+def _std_dumps(v: Any) -> str:
+    return json.dumps(v, ensure_ascii=False)
+
+
+def _fast_enc(v: Any) -> bytes | None:
+    return None if v is None else _fast_dumps(v)
+
+
+def _std_enc(v: Any) -> str | None:
+    return None if v is None else json.dumps(v, ensure_ascii=False)
+
+
+def _check_raw(raw: Any) -> None:
+    """A bad record parsed by orjson: its messages and reject line must not show a rounded integer."""
+    _fast_dumps(raw)
 
 
 def _mapping(v: Any, path: Path, key: str) -> dict[str, Any]:
@@ -114,7 +181,7 @@ def _mapping(v: Any, path: Path, key: str) -> dict[str, Any]:
     return v
 
 
-def _tau2_tasks(raw: Any, path: Path) -> dict[str, Any]:
+def _tau2_tasks(raw: Any, path: Path, fast: bool = False) -> dict[str, Any]:
     """Task id -> task; the parts ingest reads (evaluation_criteria.actions) are type-checked."""
     if raw is None:
         return {}
@@ -124,6 +191,8 @@ def _tau2_tasks(raw: Any, path: Path) -> dict[str, Any]:
     for i, t in enumerate(raw):
         if not isinstance(t, dict) or "id" not in t:
             continue
+        if fast and type(t["id"]) is float:
+            raise _Inexact
         where = f"{path}: tasks[{i}] (id {t['id']})"
         ec = _mapping(t.get("evaluation_criteria"), path, f"tasks[{i}] (id {t['id']}).evaluation_criteria")
         acts = ec.get("actions")
@@ -133,8 +202,25 @@ def _tau2_tasks(raw: Any, path: Path) -> dict[str, Any]:
     return tasks
 
 
-def _parse_tau2(path: Path, source: str) -> tuple[list[tuple[dict, list[dict]]], list[RecordError]]:
-    text = _read_text(path)
+def _parse_tau2(path: Path, source: str) -> tuple[list[tuple[dict, list[tuple]]], list[RecordError]]:
+    """Good records as (episode row with its JSON columns encoded, tool-call rows as tuples), and the bad ones."""
+    data = path.read_bytes()
+    if not data or data.isspace():  # (not data.strip(): that copies the file)
+        raise InputError(f"{path}: the file is empty; expected a τ²-bench results JSON")
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        doc = _NOT_PARSED
+    if doc is not _NOT_PARSED:
+        del data  # not needed to build the records (the rare redo below reads the file again)
+        try:
+            return _tau2_records(doc, path, source, fast=True)
+        except (_Inexact, InputError):
+            pass  # redone with `json` below: exact values, and every error exactly as `json` reports it
+        del doc
+        data = path.read_bytes()
+    text = _decode(data, path)
+    del data
     if not text.strip():
         raise InputError(f"{path}: the file is empty; expected a τ²-bench results JSON")
     try:
@@ -144,6 +230,13 @@ def _parse_tau2(path: Path, source: str) -> tuple[list[tuple[dict, list[dict]]],
             f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg}); is the file truncated?",
             hint="a τ²-bench results file is one JSON object with `info`, `tasks` and `simulations`",
         ) from e
+    del text
+    return _tau2_records(doc, path, source, fast=False)
+
+
+def _tau2_records(
+    doc: Any, path: Path, source: str, *, fast: bool
+) -> tuple[list[tuple[dict, list[tuple]]], list[RecordError]]:
     if not isinstance(doc, dict) or "simulations" not in doc:
         got = sorted(doc)[:6] if isinstance(doc, dict) else _type_name(doc)
         raise InputError(f"{path}: not a τ²-bench results file: expected an object with `simulations` (got {got})")
@@ -159,14 +252,23 @@ def _parse_tau2(path: Path, source: str) -> tuple[list[tuple[dict, list[dict]]],
         raise InputError(f"{path}: info.environment_info.domain_name: expected a string, got {_type_name(domain)}")
     tools = env_info.get("tool_defs")
     agent_llm = _mapping(info.get("agent_info"), path, "info.agent_info").get("llm")
-    tasks = _tau2_tasks(doc.get("tasks"), path)
-    good: list[tuple[dict, list[dict]]] = []
+    tasks = _tau2_tasks(doc.get("tasks"), path, fast)
+    # the tool-call rows encode parts of the messages, which `enc` has checked already: no checks needed
+    enc, dumps = (_fast_enc, _dumps_trimmed) if fast else (_std_enc, _std_dumps)
+    tools_json = enc(tools)  # one tool list for the whole file
+    refs_json: dict[str, Any] = {}  # task id -> its encoded reference actions (shared by the task's trials)
+    good: list[tuple[dict, list[tuple]]] = []
     bad: list[RecordError] = []
     seen: dict[str, int] = {}
     for idx, s in enumerate(track(sims, total=len(sims), description="ingest tau2")):
         sid = s.get("id") if isinstance(s, dict) else None
+        if fast and isinstance(s, dict):
+            if float in (type(sid), type(s.get("task_id")), type(s.get("trial")), type(s.get("seed"))):
+                raise _Inexact  # perhaps an integer beyond 64 bits: ids and messages must show it exactly
         where = f"simulations[{idx}]" + (f" (id {sid})" if sid else "")
         if not isinstance(s, dict):
+            if fast:
+                _check_raw(s)
             bad.append(RecordError(where, [f"expected an object, got {_type_name(s)}"], s))
             continue
         problems: list[str] = []
@@ -204,18 +306,23 @@ def _parse_tau2(path: Path, source: str) -> tuple[list[tuple[dict, list[dict]]],
             msgs, mp = _tau2_messages(raw_msgs, where)
             problems += mp
         if problems:
+            if fast:
+                _check_raw(s)
             bad.append(RecordError(where, problems, s))
             continue
-        seen[sid] = idx
         task = tasks.get(str(task_id))
-        ref_actions = None
-        if task is not None:
-            acts = (task.get("evaluation_criteria") or {}).get("actions") or None
-            if acts:
-                ref_actions = [
-                    {"name": a.get("name"), "arguments": a.get("arguments", {}), "requestor": a.get("requestor")}
-                    for a in acts
-                ]
+        if str(task_id) in refs_json:
+            ref_json = refs_json[str(task_id)]
+        else:
+            ref_actions = None
+            if task is not None:
+                acts = (task.get("evaluation_criteria") or {}).get("actions") or None
+                if acts:
+                    ref_actions = [
+                        {"name": a.get("name"), "arguments": a.get("arguments", {}), "requestor": a.get("requestor")}
+                        for a in acts
+                    ]
+            ref_json = refs_json[str(task_id)] = enc(ref_actions)
         extra = {
             "agent_llm": agent_llm,
             "reward_breakdown": {k: v for k, v in ri.items() if k in ("db_check", "reward_basis", "reward_breakdown")},
@@ -234,19 +341,32 @@ def _parse_tau2(path: Path, source: str) -> tuple[list[tuple[dict, list[dict]]],
             "success": abs(reward - 1.0) <= SUCCESS_TOL,
             "termination_reason": term,
             "n_turns": sum(1 for m in msgs if m["role"] == "assistant"),
-            "messages": msgs,
-            "tools": tools,
-            "reference_actions": ref_actions,
-            "info": extra,
+            "messages": enc(msgs),
+            "tools": tools_json,
+            "reference_actions": ref_json,
+            "info": enc(extra),
         }
-        good.append((ep, tool_call_rows(sid, msgs)))
+        rows = tool_call_tuples(sid, msgs, dumps=dumps)
+        ep["n_tool_calls"] = len(rows)
+        seen[sid] = idx
+        good.append((ep, rows))
     return good, bad
 
 
 # ----------------------------------------------------------------------------- JSONL
 
 
-def _jsonl_messages(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _fast_args(s: str) -> Any:
+    """orjson for a string of call arguments; `_Inexact` when only `json` reads it (NaN, ...)."""
+    try:
+        return orjson.loads(s)
+    except orjson.JSONDecodeError:
+        json.loads(s)  # raises JSONDecodeError when `json` rejects it too: then it is kept raw
+        raise _Inexact from None
+
+
+def _jsonl_messages(raw: list[dict[str, Any]], fast: bool = False) -> list[dict[str, Any]]:
+    loads = _fast_args if fast else json.loads
     out = []
     for m in raw:
         msg = dict(m)
@@ -256,7 +376,7 @@ def _jsonl_messages(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 fn = dict(tc["function"])
                 if isinstance(fn.get("arguments"), str):
                     try:
-                        fn["arguments"] = json.loads(fn["arguments"]) if fn["arguments"].strip() else {}
+                        fn["arguments"] = loads(fn["arguments"]) if fn["arguments"].strip() else {}
                     except json.JSONDecodeError:
                         pass  # kept raw: a malformed call is real agent behaviour worth keeping
                 norm.append({"id": tc.get("id"), "type": "function", "function": fn})
@@ -267,71 +387,149 @@ def _jsonl_messages(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _parse_jsonl(path: Path, source: str) -> tuple[list[tuple[dict, list[dict]]], list[RecordError]]:
+def _parse_jsonl(path: Path, source: str) -> tuple[list[tuple[dict, list[tuple]]], list[RecordError]]:
+    """Good records as (episode row with its JSON columns encoded, tool-call rows as tuples), and the bad ones.
+
+    Lines end at "\n" only (and a "\r" before it): U+2028, U+2029 and U+0085 may appear raw inside JSON strings.
+    """
+    data = path.read_bytes()
+    good: list[tuple[dict, list[tuple]]] = []
+    bad: list[RecordError] = []
+    seen: dict[str, int] = {}
+    lines = track(_lines(data), total=data.count(b"\n") + 1, description="ingest jsonl")
+    for lineno, line in enumerate(lines, start=1):
+        if not line:
+            continue
+        try:
+            rec = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            rec = _NOT_PARSED
+        out = None
+        if rec is not _NOT_PARSED:
+            try:
+                out = _jsonl_record(rec, lineno, source, seen, fast=True)
+            except _Inexact:
+                pass
+        if out is None:
+            # what orjson rejects or may have changed: `json`, exactly as before (values and messages)
+            try:
+                text = str(line, "utf-8")
+            except UnicodeDecodeError:
+                _decode(data, path)  # raises, naming the file's first bad byte (the earlier lines were good)
+                raise
+            if not text.strip():
+                continue  # only Unicode white space
+            try:
+                rec = json.loads(text)
+            except json.JSONDecodeError as e:
+                bad.append(
+                    RecordError(f"line {lineno}", [f"not valid JSON ({e.msg} at column {e.colno}); truncated line?"], text)
+                )
+                continue
+            out = _jsonl_record(rec, lineno, source, seen, fast=False)
+        if isinstance(out, RecordError):
+            bad.append(out)
+        else:
+            good.append(out)
+    if not good and not bad:  # every line blank (white space, including Unicode's)
+        raise InputError(f"{path}: the file is empty; expected one JSON episode per line")
+    return good, bad
+
+
+def _lines(data: bytes) -> Iterator[memoryview]:
+    """The lines of `data` as views (no copies), split at b"\\n" only, without a "\\r" before it."""
+    view = memoryview(data)
+    start = 0
+    while True:
+        end = data.find(b"\n", start)
+        stop = len(data) if end < 0 else end
+        yield view[start : stop - 1 if stop > start and data[stop - 1] == 13 else stop]
+        if end < 0:
+            return
+        start = end + 1
+
+
+def _jsonl_record(
+    rec: Any, lineno: int, source: str, seen: dict[str, int], *, fast: bool
+) -> tuple[dict, list[tuple]] | RecordError:
+    """One parsed line -> (episode row, tool-call rows), or its RecordError. `seen` is updated only on success."""
     from trace_cli.config.schemas import validate
     from trace_cli.errors import ValidationError
 
-    lines = _read_text(path).splitlines()
-    if not any(line.strip() for line in lines):
-        raise InputError(f"{path}: the file is empty; expected one JSON episode per line")
-    good: list[tuple[dict, list[dict]]] = []
-    bad: list[RecordError] = []
-    seen: dict[str, int] = {}
-    for lineno, line in enumerate(track(lines, total=len(lines), description="ingest jsonl"), start=1):
-        if not line.strip():
-            continue
-        where = f"line {lineno}"
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            bad.append(RecordError(where, [f"not valid JSON ({e.msg} at column {e.colno}); truncated line?"], line))
-            continue
-        if isinstance(rec, dict) and isinstance(rec.get("episode_id"), str):
-            where += f" (episode_id {rec['episode_id']})"
+    where = f"line {lineno}"
+    if isinstance(rec, dict) and isinstance(rec.get("episode_id"), str):
+        where += f" (episode_id {rec['episode_id']})"
+    if not _fast_valid(rec):
         try:
             validate(rec, "episode.v1.json")
         except ValidationError as ve:
-            bad.append(RecordError(where, ve.errors, rec))
-            continue
-        task_id = str(rec["task_id"])
-        trial = rec.get("trial", 0)
-        eid = rec.get("episode_id") or f"{source}:{task_id}:{trial}:{lineno}"
-        if eid in seen:
-            bad.append(RecordError(where, [f"episode_id: duplicate {eid!r} (first on line {seen[eid]})"], rec))
-            continue
-        seen[eid] = lineno
-        reward = float(rec["reward"])
-        msgs = _jsonl_messages(rec["messages"])
-        ep = {
-            "episode_id": eid,
-            "source": source,
-            "env": rec.get("info", {}).get("env", "jsonl") if isinstance(rec.get("info"), dict) else "jsonl",
-            "domain": rec.get("domain"),
-            "task_id": task_id,
-            "task_family": (rec.get("info") or {}).get("task_family"),
-            "trial": trial,
-            "seed": rec.get("seed"),
-            "reward": reward,
-            "success": bool(rec["success"]) if "success" in rec else abs(reward - 1.0) <= SUCCESS_TOL,
-            "termination_reason": rec.get("termination_reason"),
-            "n_turns": sum(1 for m in msgs if m["role"] == "assistant"),
-            "messages": msgs,
-            "tools": rec.get("tools"),
-            "reference_actions": rec.get("reference_actions"),
-            "info": rec.get("info"),
-        }
-        good.append((ep, tool_call_rows(eid, msgs)))
-    return good, bad
+            if fast:
+                _check_raw(rec)
+            return RecordError(where, ve.errors, rec)
+    task_id, trial, seed = rec["task_id"], rec.get("trial", 0), rec.get("seed")
+    if fast and float in (type(task_id), type(trial), type(seed)):
+        raise _Inexact  # an integer beyond 64 bits, or a float the schema accepts as an integer (1.0)
+    task_id = str(task_id)
+    eid = rec.get("episode_id") or f"{source}:{task_id}:{trial}:{lineno}"
+    if eid in seen:
+        if fast:
+            _check_raw(rec)
+        return RecordError(where, [f"episode_id: duplicate {eid!r} (first on line {seen[eid]})"], rec)
+    reward = float(rec["reward"])
+    msgs = _jsonl_messages(rec["messages"], fast)
+    enc, dumps = (_fast_enc, _dumps_trimmed) if fast else (_std_enc, _std_dumps)  # (see _tau2_records)
+    info = rec.get("info")
+    ep = {
+        "episode_id": eid,
+        "source": source,
+        "env": info.get("env", "jsonl") if isinstance(info, dict) else "jsonl",
+        "domain": rec.get("domain"),
+        "task_id": task_id,
+        "task_family": (info or {}).get("task_family"),
+        "trial": trial,
+        "seed": seed,
+        "reward": reward,
+        "success": bool(rec["success"]) if "success" in rec else abs(reward - 1.0) <= SUCCESS_TOL,
+        "termination_reason": rec.get("termination_reason"),
+        "n_turns": sum(1 for m in msgs if m["role"] == "assistant"),
+        "messages": enc(msgs),
+        "tools": enc(rec.get("tools")),
+        "reference_actions": enc(rec.get("reference_actions")),
+        "info": enc(info),
+    }
+    rows = tool_call_tuples(eid, msgs, dumps=dumps)
+    ep["n_tool_calls"] = len(rows)
+    seen[eid] = lineno
+    return ep, rows
 
 
 # ----------------------------------------------------------------------------- run
 
 
-def _dump(v: Any) -> str | None:
-    return None if v is None else json.dumps(v, ensure_ascii=False)
+_TEXT_COLUMNS = ("messages", "tools", "reference_actions", "info", "arguments", "result")
+
+
+def _episodes_table(eps: list[dict[str, Any]]) -> pa.Table:
+    cols = {f.name: [e.get(f.name) for e in eps] for f in EPISODES_SCHEMA}
+    for k in _TEXT_COLUMNS:
+        if k in cols:
+            cols[k] = string_array(cols[k])
+    return pa.Table.from_pydict(cols, schema=EPISODES_SCHEMA)
 
 
 def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=False) -> dict[str, Artifact]:
+    # Parsing builds millions of small containers, none in a reference cycle: with the cyclic collector on,
+    # CPython re-walks the ever-growing heap again and again (most of the CPU time of a big ingest).
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _run(prepared, store, name=name, overrides=overrides, replace=replace)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _run(prepared: Prepared, store: Store, *, name, overrides, replace) -> dict[str, Artifact]:
     cfg = prepared.config
     path = Path(cfg["path"])
     parse = _parse_tau2 if cfg["format"] == "tau2" else _parse_jsonl
@@ -348,16 +546,8 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
     with store.writer(
         "rollouts", NAME, prepared.config, prepared.inputs, name=name, overrides=overrides, id=prepared.id, replace=replace
     ) as w:
-        episodes = []
-        calls: list[dict] = []
-        for ep, rows in good:
-            ep = dict(ep)
-            ep["n_tool_calls"] = len(rows)
-            for k in ("messages", "tools", "reference_actions", "info"):
-                ep[k] = _dump(ep[k])
-            episodes.append(ep)
-            calls.extend(rows)
-        write_tables(w.path, episodes, calls)
+        calls = [r for _, rows in good for r in rows]
+        write_tables(w.path, _episodes_table([ep for ep, _ in good]), rows_table(calls, TOOL_CALLS_SCHEMA, text=_TEXT_COLUMNS))
         if bad:
             with open(w.path / layout.REJECTS, "w", encoding="utf-8") as f:
                 for b in bad:
@@ -375,3 +565,101 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
             }
         )
     return {"rollouts": w.artifact}
+
+
+# ----------------------------------------------------------------------------- fast validation
+# A hand-written check of schemas/episode.v1.json for the common case, ~50x cheaper than jsonschema: True only
+# when it can prove the record valid; anything else (a type it does not expect, a missing key, 1.0 as an
+# integer, ...) goes through jsonschema, which decides and gives the detailed messages. Keep it in step with
+# the schema (tests/stages/test_ingest_perf.py checks it against jsonschema on generated records).
+
+_EPISODE_KEYS = frozenset(
+    (
+        "kind", "episode_id", "task_id", "domain", "trial", "seed", "reward", "success", "termination_reason",
+        "reference_actions", "tools", "info", "messages",
+    )
+)  # fmt: skip
+_ROLES = frozenset(("system", "user", "assistant", "tool"))
+_MISSING = object()
+
+
+def _fast_valid(rec: Any) -> bool:
+    if type(rec) is not dict or not rec.keys() <= _EPISODE_KEYS:  # additionalProperties: false
+        return False
+    get = rec.get
+    if type(get("task_id")) not in (str, int) or type(get("reward")) not in (int, float):
+        return False
+    if "kind" in rec and (type(rec["kind"]) is not str or rec["kind"] != "episode"):
+        return False
+    if "episode_id" in rec and (type(rec["episode_id"]) is not str or not rec["episode_id"]):
+        return False
+    for k in ("domain", "termination_reason"):
+        if k in rec and type(rec[k]) is not str:
+            return False
+    if "trial" in rec and (type(rec["trial"]) is not int or rec["trial"] < 0):
+        return False
+    if "seed" in rec and rec["seed"] is not None and type(rec["seed"]) is not int:
+        return False
+    if "success" in rec and type(rec["success"]) is not bool:
+        return False
+    if "info" in rec and type(rec["info"]) is not dict:
+        return False
+    if "reference_actions" in rec:
+        acts = rec["reference_actions"]
+        if type(acts) is not list:
+            return False
+        for a in acts:
+            if type(a) is not dict or type(a.get("name")) is not str or type(a.get("arguments")) is not dict:
+                return False
+    if "tools" in rec:
+        tools = rec["tools"]
+        if type(tools) is not list:
+            return False
+        for t in tools:
+            if type(t) is not dict or type(t.get("type")) is not str or t["type"] != "function":
+                return False
+            fn = t.get("function")
+            if type(fn) is not dict or type(fn.get("name")) is not str:
+                return False
+            if "description" in fn and type(fn["description"]) is not str:
+                return False
+            if "parameters" in fn and type(fn["parameters"]) is not dict:
+                return False
+    msgs = get("messages")
+    if type(msgs) is not list or not msgs:
+        return False
+    for m in msgs:
+        if type(m) is not dict:
+            return False
+        role = m.get("role")
+        if type(role) is not str or role not in _ROLES:
+            return False
+        content = m.get("content")
+        if content is not None and type(content) is not str:
+            return False
+        for k in ("tool_call_id", "name"):
+            if k in m and type(m[k]) is not str:
+                return False
+        if "error" in m and type(m["error"]) is not bool:
+            return False
+        calls = m.get("tool_calls")
+        if calls is None:
+            continue
+        if type(calls) is not list:
+            return False
+        for tc in calls:
+            if type(tc) is not dict:
+                return False
+            if "id" in tc and type(tc["id"]) is not str:
+                return False
+            if "type" in tc and (type(tc["type"]) is not str or tc["type"] != "function"):
+                return False
+            fn = tc.get("function")
+            if type(fn) is not dict:
+                return False
+            name = fn.get("name")
+            if type(name) is not str or not name:
+                return False
+            if type(fn.get("arguments", _MISSING)) not in (str, dict):
+                return False
+    return True

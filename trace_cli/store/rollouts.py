@@ -10,7 +10,9 @@ tool results are `{"role": "tool", "tool_call_id", "content", "error"}`; a tool 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from array import array
+from collections.abc import Callable, Iterable, Sequence
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -21,22 +23,52 @@ from trace_cli.store import layout
 from trace_cli.store.tables import EPISODES_SCHEMA, TOOL_CALLS_SCHEMA
 
 
-def tool_call_rows(episode_id: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per tool call, paired with its result (by tool_call_id, else the next unclaimed tool message)."""
-    call_ids = {tc.get("id") for m in messages for tc in (m.get("tool_calls") or []) if tc.get("id")}
+def _json_text(v: Any) -> str:
+    return json.dumps(v, ensure_ascii=False)
+
+
+def tool_call_rows(
+    episode_id: str, messages: list[dict[str, Any]], *, dumps: Callable[[Any], str | bytes] = _json_text
+) -> list[dict[str, Any]]:
+    """One row per tool call, paired with its result (by tool_call_id, else the next unclaimed tool message).
+
+    `dumps` encodes object arguments and non-string results (ingest passes orjson's, which gives UTF-8 bytes:
+    Arrow takes those for a string column without re-encoding).
+    """
+    return [dict(zip(TOOL_CALL_COLUMNS, t, strict=True)) for t in tool_call_tuples(episode_id, messages, dumps=dumps)]
+
+
+TOOL_CALL_COLUMNS = tuple(TOOL_CALLS_SCHEMA.names)
+
+
+def tool_call_tuples(
+    episode_id: str, messages: list[dict[str, Any]], *, dumps: Callable[[Any], str | bytes] = _json_text
+) -> list[tuple]:
+    """`tool_call_rows` as tuples in TOOL_CALL_COLUMNS order (cheaper to build; `rows_table` takes them)."""
+    call_ids = set()
+    with_calls: list[tuple[int, dict[str, Any], list[dict[str, Any]]]] = []
+    tool_msgs: list[tuple[int, dict[str, Any]]] = []
+    for i, m in enumerate(messages):
+        tcs = m.get("tool_calls")
+        if tcs:
+            with_calls.append((i, m, tcs))
+            for tc in tcs:
+                if tc.get("id"):
+                    call_ids.add(tc.get("id"))
+        if m.get("role") == "tool":
+            tool_msgs.append((i, m))
     results: dict[str, dict[str, Any]] = {}
     unclaimed: list[tuple[int, dict[str, Any]]] = []
-    for i, m in enumerate(messages):
-        if m.get("role") == "tool":
-            if m.get("tool_call_id"):
-                results.setdefault(m["tool_call_id"], m)
-            # a result that answers a known call id belongs to that call only; never pair it by position
-            if m.get("tool_call_id") not in call_ids:
-                unclaimed.append((i, m))
+    for i, m in tool_msgs:
+        if m.get("tool_call_id"):
+            results.setdefault(m["tool_call_id"], m)
+        # a result that answers a known call id belongs to that call only; never pair it by position
+        if m.get("tool_call_id") not in call_ids:
+            unclaimed.append((i, m))
     used: set[int] = set()
     rows = []
-    for turn, m in enumerate(messages):
-        for k, tc in enumerate(m.get("tool_calls") or []):
+    for turn, m, tcs in with_calls:
+        for k, tc in enumerate(tcs):
             fn = tc.get("function", tc)
             res = results.get(tc.get("id") or "")
             if res is None:
@@ -48,37 +80,96 @@ def tool_call_rows(episode_id: str, messages: list[dict[str, Any]]) -> list[dict
                 used.add(id(res))
             args = fn.get("arguments")
             rows.append(
-                {
-                    "episode_id": episode_id,
-                    "turn": turn,
-                    "call_index": k,
-                    "tool_name": fn.get("name"),
-                    "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False),
-                    "result": None if res is None else _text(res.get("content")),
-                    "error": bool(res.get("error")) if res is not None else False,
-                    "requestor": tc.get("requestor") or m.get("requestor") or m.get("role"),
-                }
+                (
+                    episode_id,
+                    turn,
+                    k,
+                    fn.get("name"),
+                    args if isinstance(args, str) else dumps(args),
+                    None if res is None else _text(res.get("content"), dumps),
+                    bool(res.get("error")) if res is not None else False,
+                    tc.get("requestor") or m.get("requestor") or m.get("role"),
+                )
             )
     return rows
 
 
-def _text(content: Any) -> str | None:
+def _text(content: Any, dumps: Callable[[Any], str | bytes] = _json_text) -> str | bytes | None:
     if content is None or isinstance(content, str):
         return content
-    return json.dumps(content, ensure_ascii=False)
+    return dumps(content)
 
 
-def write_tables(out_dir: Path, episodes: Iterable[dict[str, Any]], tool_calls: Iterable[dict[str, Any]]) -> None:
-    """Write episodes.parquet and tool_calls.parquet with the stable schemas (missing columns -> NULL)."""
-    ep = list(episodes)
-    tc = list(tool_calls)
-    pq.write_table(_table(ep, EPISODES_SCHEMA), out_dir / layout.EPISODES, compression="zstd")
-    pq.write_table(_table(tc, TOOL_CALLS_SCHEMA), out_dir / layout.TOOL_CALLS, compression="zstd")
+def write_tables(
+    out_dir: Path,
+    episodes: Iterable[dict[str, Any]] | pa.Table,
+    tool_calls: Iterable[dict[str, Any]] | pa.Table,
+) -> None:
+    """Write episodes.parquet and tool_calls.parquet with the stable schemas (missing columns -> NULL).
+
+    Each table is given as row dicts, or already built (`rows_table`) with that schema.
+    """
+    ep = episodes if isinstance(episodes, pa.Table) else _table(list(episodes), EPISODES_SCHEMA)
+    tc = tool_calls if isinstance(tool_calls, pa.Table) else _table(list(tool_calls), TOOL_CALLS_SCHEMA)
+    for t, schema in ((ep, EPISODES_SCHEMA), (tc, TOOL_CALLS_SCHEMA)):
+        if not t.schema.equals(schema):
+            raise ValueError(f"table schema {t.schema} is not {schema}")
+    pq.write_table(ep, out_dir / layout.EPISODES, compression="zstd")
+    pq.write_table(tc, out_dir / layout.TOOL_CALLS, compression="zstd")
 
 
 def _table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
     cols = {f.name: [r.get(f.name) for r in rows] for f in schema}
     return pa.Table.from_pydict(cols, schema=schema)
+
+
+def rows_table(rows: list[tuple], schema: pa.Schema, *, text: Iterable[str] = ()) -> pa.Table:
+    """Tuples in schema column order -> a table. String columns take str or UTF-8 bytes; the `text` ones
+    (long values, hundreds of MB) are built with `string_array`."""
+    text = set(text)
+    cols = list(zip(*rows, strict=True)) if rows else [()] * len(schema)
+    arrays = [
+        string_array(c) if f.name in text else pa.array(c, f.type) for c, f in zip(cols, schema, strict=True)
+    ]
+    return pa.Table.from_pydict(dict(zip(schema.names, arrays, strict=True)), schema=schema)
+
+
+def string_array(values: Sequence[Any]) -> pa.Array | pa.ChunkedArray:
+    """A string column from UTF-8 bytes (or str, or None), through one joined buffer: for hundreds of MB
+    `pa.array` costs several times more (its builder grows by reallocation, and the first big allocation from
+    Arrow's pool is slow). Same result and same UTF-8 check; anything else goes to `pa.array` as before."""
+    try:
+        return _joined(values, values, None)  # all bytes: the common case
+    except TypeError:  # a None (no len) or a str (join refuses it)
+        pass
+    has_null = False
+    data: list[bytes] = []
+    for v in values:
+        t = type(v)
+        if t is bytes:
+            data.append(v)
+        elif t is str:
+            data.append(v.encode("utf-8"))
+        elif v is None:
+            has_null = True
+            data.append(b"")
+        else:
+            return pa.array(values, pa.string())  # not text: Arrow's error, as before
+    validity = pa.array([v is not None for v in values], pa.bool_()).buffers()[1] if has_null else None
+    return _joined(values, data, validity)
+
+
+def _joined(values: Sequence[Any], data: Sequence[bytes], validity: pa.Buffer | None) -> pa.Array | pa.ChunkedArray:
+    offsets = array("q", accumulate(map(len, data), initial=0))
+    if offsets[-1] >= 2**31:
+        return pa.array(values, pa.string())  # over one array's 2 GiB: Arrow chunks it
+    joined = b"".join(data)
+    arr = pa.Array.from_buffers(pa.string(), len(data), [validity, pa.py_buffer(array("i", offsets)), pa.py_buffer(joined)])
+    try:
+        arr.validate(full=True)  # UTF-8, like pa.array
+    except pa.ArrowInvalid:
+        return pa.array(values, pa.string())  # raises, with Arrow's usual message
+    return arr
 
 
 def read_episodes(artifact_dir: Path) -> list[dict[str, Any]]:
