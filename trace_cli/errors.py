@@ -28,7 +28,9 @@ class ValidationError(UsageError):
         self.errors = list(errors)
         head = f"{source}: " if source else ""
         n = len(self.errors)
-        msg = f"{head}{n} validation error{'s' if n != 1 else ''}:\n" + "\n".join(f"  {e}" for e in self.errors)
+        msg = f"{head}{n} validation error{'s' if n != 1 else ''}:\n" + "\n".join(
+            f"  {e}" for e in self.errors
+        )
         super().__init__(msg)
 
 

@@ -20,10 +20,18 @@ import pytest
 class EpisodeBuilder:
     """Build stored-episode dicts (what `Trajectory.from_episode` reads) turn by turn."""
 
-    def __init__(self, eid: str = "ep", *, success: bool = False, task_id: str = "t1",
-                 reference: list[dict[str, Any]] | None = None):
+    def __init__(
+        self,
+        eid: str = "ep",
+        *,
+        success: bool = False,
+        task_id: str = "t1",
+        reference: list[dict[str, Any]] | None = None,
+    ):
         self.eid, self.success, self.task_id, self.reference = eid, success, task_id, reference
-        self.messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a shop agent. Policy: …"}]
+        self.messages: list[dict[str, Any]] = [
+            {"role": "system", "content": "You are a shop agent. Policy: …"}
+        ]
         self._n = 0
 
     def user(self, text: str) -> EpisodeBuilder:
@@ -37,8 +45,15 @@ class EpisodeBuilder:
     def call(self, name: str, args: dict[str, Any], result: str, *, error: bool = False) -> EpisodeBuilder:
         self._n += 1
         cid = f"{self.eid}-c{self._n}"
-        self.messages.append({"role": "assistant", "content": None, "tool_calls": [
-            {"id": cid, "type": "function", "function": {"name": name, "arguments": dict(args)}}]})
+        self.messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": cid, "type": "function", "function": {"name": name, "arguments": dict(args)}}
+                ],
+            }
+        )
         msg = {"role": "tool", "tool_call_id": cid, "content": result}
         if error:
             msg["error"] = True
@@ -50,14 +65,24 @@ class EpisodeBuilder:
         return self
 
     def build(self) -> dict[str, Any]:
-        return {"episode_id": self.eid, "task_id": self.task_id, "success": self.success,
-                "reward": 1.0 if self.success else 0.0, "messages": list(self.messages),
-                "reference_actions": self.reference}
+        return {
+            "episode_id": self.eid,
+            "task_id": self.task_id,
+            "success": self.success,
+            "reward": 1.0 if self.success else 0.0,
+            "messages": list(self.messages),
+            "reference_actions": self.reference,
+        }
 
     def record(self) -> dict[str, Any]:
         """A JSONL record for `trace ingest jsonl`."""
-        rec = {"episode_id": self.eid, "task_id": self.task_id, "reward": 1.0 if self.success else 0.0,
-               "success": self.success, "messages": list(self.messages)}
+        rec = {
+            "episode_id": self.eid,
+            "task_id": self.task_id,
+            "reward": 1.0 if self.success else 0.0,
+            "success": self.success,
+            "messages": list(self.messages),
+        }
         if self.reference is not None:
             rec["reference_actions"] = self.reference
         return rec
@@ -73,9 +98,15 @@ def small_episodes(n_fail: int = 3, n_pass: int = 3) -> list[dict[str, Any]]:
     out = []
     for i in range(n_fail + n_pass):
         ok = i >= n_fail
-        b = EpisodeBuilder(f"e{i}", success=ok, task_id=f"task{i}",
-                           reference=[{"name": "get_order", "arguments": {"order_id": f"#W{i}"}},
-                                      {"name": "cancel_order", "arguments": {"order_id": f"#W{i}"}}])
+        b = EpisodeBuilder(
+            f"e{i}",
+            success=ok,
+            task_id=f"task{i}",
+            reference=[
+                {"name": "get_order", "arguments": {"order_id": f"#W{i}"}},
+                {"name": "cancel_order", "arguments": {"order_id": f"#W{i}"}},
+            ],
+        )
         b.user(f"Please cancel order #W{i}.")
         if ok:
             b.call("get_order", {"order_id": f"#W{i}"}, f'{{"order_id": "#W{i}", "status": "pending"}}')
@@ -96,8 +127,12 @@ CAP_LINE = re.compile(r"^- ([a-z0-9_]+): ", re.M)
 
 
 def chat_response(text: str) -> dict[str, Any]:
-    return {"id": "chatcmpl-test", "object": "chat.completion", "model": "scripted",
-            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}]}
+    return {
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "model": "scripted",
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+    }
 
 
 def labels_answer(request: dict[str, Any], choose: Callable[[str, str], str] | None = None) -> str:
@@ -106,8 +141,10 @@ def labels_answer(request: dict[str, Any], choose: Callable[[str, str], str] | N
     user = request["messages"][-1]["content"]
     caps = CAP_LINE.findall(user.split("=== EPISODE ===")[0])
     episode = user.split("=== EPISODE ===")[-1]
-    labels = [{"capability": c, "label": (choose(c, episode) if choose else "PRESENT"), "rationale": "scripted"}
-              for c in caps]
+    labels = [
+        {"capability": c, "label": (choose(c, episode) if choose else "PRESENT"), "rationale": "scripted"}
+        for c in caps
+    ]
     return json.dumps({"labels": labels})
 
 

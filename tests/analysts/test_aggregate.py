@@ -15,7 +15,9 @@ def rows(failed: list[str], passed: list[str], w: float = 1.0):
 
 def test_rates_delta_coverage_unweighted():
     # failed: L L P NA -> ER- = 2/3, coverage = 2/4; passed: L P P P NA -> ER+ = 1/4
-    s = run_stats(rows(["LACKING", "LACKING", "PRESENT", "NA"], ["LACKING", "PRESENT", "PRESENT", "PRESENT", "NA"]))
+    s = run_stats(
+        rows(["LACKING", "LACKING", "PRESENT", "NA"], ["LACKING", "PRESENT", "PRESENT", "PRESENT", "NA"])
+    )
     assert s.er_minus == pytest.approx(2 / 3)
     assert s.er_plus == pytest.approx(1 / 4)
     assert s.delta == pytest.approx(2 / 3 - 1 / 4)  # 5/12
@@ -25,8 +27,14 @@ def test_rates_delta_coverage_unweighted():
 
 def test_rates_with_weights():
     # bootstrap multiplicities: failed L×2, L×1, P×1, NA×1 ; passed L×0 (not drawn), P×3
-    r = [(F, "LACKING", 2.0), (F, "LACKING", 1.0), (F, "PRESENT", 1.0), (F, "NA", 1.0),
-         (P, "LACKING", 0.0), (P, "PRESENT", 3.0)]
+    r = [
+        (F, "LACKING", 2.0),
+        (F, "LACKING", 1.0),
+        (F, "PRESENT", 1.0),
+        (F, "NA", 1.0),
+        (P, "LACKING", 0.0),
+        (P, "PRESENT", 3.0),
+    ]
     s = run_stats(r)
     assert s.er_minus == pytest.approx(3 / 4)
     assert s.coverage == pytest.approx(3 / 5)

@@ -17,8 +17,10 @@ from trace_cli.errors import UsageError
 from trace_cli.stages.base import execute
 from trace_cli.store import Store
 
-CAPS = [Candidate("precondition_verification", "Reading an object before changing it. Needed for any write."),
-        Candidate("tone_and_empathy", "Courteous phrasing. Needed whenever the agent writes to the user.")]
+CAPS = [
+    Candidate("precondition_verification", "Reading an object before changing it. Needed for any write."),
+    Candidate("tone_and_empathy", "Courteous phrasing. Needed whenever the agent writes to the user."),
+]
 LLM = {"model": "store://model/tiny", "max_tokens": 32, "max_retries": 1, "temperature": 1.0}
 
 
@@ -30,18 +32,38 @@ def hf_store(tmp_path_factory):
     execute("model", {"preset": "tiny", "corpus_seeds": 20}, store, name="tiny")
     recs = []
     for e in small_episodes(4, 4):
-        b = EpisodeBuilder(e["episode_id"], success=e["success"], task_id=e["task_id"], reference=e["reference_actions"])
+        b = EpisodeBuilder(
+            e["episode_id"], success=e["success"], task_id=e["task_id"], reference=e["reference_actions"]
+        )
         b.messages = e["messages"]
         recs.append(b.record())
-    execute("ingest", {"format": "jsonl", "path": str(write_jsonl(tmp / "eps.jsonl", recs))}, store, name="eps")
+    execute(
+        "ingest", {"format": "jsonl", "path": str(write_jsonl(tmp / "eps.jsonl", recs))}, store, name="eps"
+    )
     return store
 
 
 def test_tiny_model_garbage_becomes_error_labels(hf_store, tmp_path):
-    recipe = {"kind": "recipe", "version": 1, "name": "hf-diagnose", "steps": [
-        {"id": "diag", "uses": "diagnose", "name": "hf-diag",
-         "with": {"rollouts": "store://rollouts/eps", "analyst": "hf", "runs": 2, "min_runs": 1,
-                  "max_episodes": 6, "llm": LLM}}]}
+    recipe = {
+        "kind": "recipe",
+        "version": 1,
+        "name": "hf-diagnose",
+        "steps": [
+            {
+                "id": "diag",
+                "uses": "diagnose",
+                "name": "hf-diag",
+                "with": {
+                    "rollouts": "store://rollouts/eps",
+                    "analyst": "hf",
+                    "runs": 2,
+                    "min_runs": 1,
+                    "max_episodes": 6,
+                    "llm": LLM,
+                },
+            }
+        ],
+    }
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
     r = run_cli("run", path, "--store", hf_store.root)
@@ -50,8 +72,14 @@ def test_tiny_model_garbage_becomes_error_labels(hf_store, tmp_path):
     n_labels = 6 * 2 * 8  # episodes × runs × catalogue capabilities
     assert a.summary["episodes"] == 6
     assert 0 < a.summary["label_errors"] <= n_labels
-    r = run_cli("store", "sql", "select label, count(*) as n, min(rationale) as why from labels "
-                "where analyst = 'hf' group by all", "--json", "--store", hf_store.root)
+    r = run_cli(
+        "store",
+        "sql",
+        "select label, count(*) as n, min(rationale) as why from labels where analyst = 'hf' group by all",
+        "--json",
+        "--store",
+        hf_store.root,
+    )
     assert r.exit_code == 0, r.output
     rows = {x["label"]: x for x in json.loads(r.stdout)}
     assert rows[ERROR]["n"] == a.summary["label_errors"]
@@ -72,7 +100,11 @@ def test_valid_answers_are_parsed_and_cached(hf_store, monkeypatch):
     eps = small_episodes(2, 1)
     a = HFAnalyst({"llm": LLM}, hf_store)
     labels = a.label(eps, CAPS, run=0, seed=3)
-    assert [(lb.episode_id, lb.label) for lb in labels[::2]] == [("e0", PRESENT), ("e1", PRESENT), ("e2", PRESENT)]
+    assert [(lb.episode_id, lb.label) for lb in labels[::2]] == [
+        ("e0", PRESENT),
+        ("e1", PRESENT),
+        ("e2", PRESENT),
+    ]
     assert len(prompts_seen) == 3
     assert len(list((hf_store.root / "cache" / "hf").glob("*.json"))) >= 3
     HFAnalyst({"llm": LLM}, hf_store).label(eps, CAPS, run=0, seed=3)
@@ -97,15 +129,34 @@ def test_prompts_are_cut_to_the_context(hf_store):
 def test_garbage_discovery_is_a_usage_error_and_writes_nothing(hf_store):
     before = [x for x in snapshot(hf_store.root) if not x[0].startswith(("cache", "index"))]
     with pytest.raises(UsageError, match="discovery failed"):
-        execute("diagnose", {"rollouts": "store://rollouts/eps", "analyst": "hf", "candidates": "discover",
-                             "runs": 1, "min_runs": 1, "llm": {**LLM, "max_tokens": 16}}, hf_store)
+        execute(
+            "diagnose",
+            {
+                "rollouts": "store://rollouts/eps",
+                "analyst": "hf",
+                "candidates": "discover",
+                "runs": 1,
+                "min_runs": 1,
+                "llm": {**LLM, "max_tokens": 16},
+            },
+            hf_store,
+        )
     after = [x for x in snapshot(hf_store.root) if not x[0].startswith(("cache", "index"))]
     assert after == before
 
 
 def test_unknown_model_is_a_usage_error(hf_store):
-    r = run_cli("diagnose", "--rollouts", "store://rollouts/eps", "--analyst", "hf", "--llm-model",
-                "store://model/nope", "--store", hf_store.root)
+    r = run_cli(
+        "diagnose",
+        "--rollouts",
+        "store://rollouts/eps",
+        "--analyst",
+        "hf",
+        "--llm-model",
+        "store://model/nope",
+        "--store",
+        hf_store.root,
+    )
     assert r.exit_code == 2, r.output
 
 
@@ -113,7 +164,19 @@ def test_unknown_model_is_a_usage_error(hf_store):
 def test_tiny_model_on_tau2_retail(hf_store):
     if not (TAU2_DIR / TAU2_FILES["retail"]).is_file():
         pytest.skip("shared τ²-bench data not found")
-    execute("ingest", {"format": "tau2", "path": str(TAU2_DIR / TAU2_FILES["retail"])}, hf_store, name="retail")
-    out = execute("diagnose", {"rollouts": "store://rollouts/retail", "analyst": "hf", "runs": 2, "min_runs": 1,
-                               "max_episodes": 6, "llm": {**LLM, "max_tokens": 64}}, hf_store)
+    execute(
+        "ingest", {"format": "tau2", "path": str(TAU2_DIR / TAU2_FILES["retail"])}, hf_store, name="retail"
+    )
+    out = execute(
+        "diagnose",
+        {
+            "rollouts": "store://rollouts/retail",
+            "analyst": "hf",
+            "runs": 2,
+            "min_runs": 1,
+            "max_episodes": 6,
+            "llm": {**LLM, "max_tokens": 64},
+        },
+        hf_store,
+    )
     assert out.main.summary["label_errors"] > 0

@@ -19,14 +19,24 @@ from trace_cli.errors import UsageError
 from trace_cli.stages.base import execute
 from trace_cli.store import Store
 
-CAPS = [Candidate("precondition_verification", "Reading an object before changing it. Needed for any write."),
-        Candidate("tone_and_empathy", "Courteous phrasing. Needed whenever the agent writes to the user.")]
+CAPS = [
+    Candidate("precondition_verification", "Reading an object before changing it. Needed for any write."),
+    Candidate("tone_and_empathy", "Courteous phrasing. Needed whenever the agent writes to the user."),
+]
 NAMES = [c.name for c in CAPS]
 
 
 def cfg(server, **llm):
-    return {"llm": {"base_url": server.url, "model": "scripted-model", "timeout_s": 5, "max_retries": 2,
-                    "concurrency": 4, **llm}}
+    return {
+        "llm": {
+            "base_url": server.url,
+            "model": "scripted-model",
+            "timeout_s": 5,
+            "max_retries": 2,
+            "concurrency": 4,
+            **llm,
+        }
+    }
 
 
 def one_episode():
@@ -38,7 +48,9 @@ def test_valid_answer_and_request_shape(llm_server, tmp_path, monkeypatch):
     a = OpenAIAnalyst(cfg(llm_server), Store(tmp_path / "s"))
     labels = a.label(one_episode(), CAPS, run=1, seed=11)
     assert [(lb.episode_id, lb.capability, lb.run, lb.label) for lb in labels] == [
-        ("e0", "precondition_verification", 1, PRESENT), ("e0", "tone_and_empathy", 1, PRESENT)]
+        ("e0", "precondition_verification", 1, PRESENT),
+        ("e0", "tone_and_empathy", 1, PRESENT),
+    ]
     (req,) = llm_server.requests
     assert req["path"] == "/v1/chat/completions"
     body = req["json"]
@@ -50,7 +62,7 @@ def test_valid_answer_and_request_shape(llm_server, tmp_path, monkeypatch):
 
 
 def test_malformed_json_then_valid(llm_server):
-    llm_server.script.extend([("text", "Sure! {labels: [oops"), ("text", "```json\n{\"labels\": 3}\n```")])
+    llm_server.script.extend([("text", "Sure! {labels: [oops"), ("text", '```json\n{"labels": 3}\n```')])
     labels = OpenAIAnalyst(cfg(llm_server)).label(one_episode(), CAPS, 0, 0)
     assert llm_server.count == 3
     assert {lb.label for lb in labels} == {PRESENT}
@@ -82,19 +94,34 @@ def test_answers_that_stay_invalid_become_error_labels(llm_server):
 
 
 def test_unknown_capabilities_ignored_missing_ones_error(llm_server):
-    ans = {"labels": [{"capability": "telepathy", "label": "LACKING", "rationale": "?"},
-                      {"capability": "precondition_verification", "label": "LACKING", "rationale": "no read"}]}
+    ans = {
+        "labels": [
+            {"capability": "telepathy", "label": "LACKING", "rationale": "?"},
+            {"capability": "precondition_verification", "label": "LACKING", "rationale": "no read"},
+        ]
+    }
     llm_server.default = lambda req: ("text", json.dumps(ans))
     labels = OpenAIAnalyst(cfg(llm_server)).label(one_episode(), CAPS, 0, 0)
     assert llm_server.count == 1
-    assert [(lb.capability, lb.label) for lb in labels] == [("precondition_verification", LACKING),
-                                                             ("tone_and_empathy", ERROR)]
+    assert [(lb.capability, lb.label) for lb in labels] == [
+        ("precondition_verification", LACKING),
+        ("tone_and_empathy", ERROR),
+    ]
 
 
-@pytest.mark.parametrize("code, text, hint", [(401, "Invalid API key provided", "TRACE_TEST_KEY"),
-                                              (404, "The model `scripted-model` does not exist", "--llm-model")])
+@pytest.mark.parametrize(
+    "code, text, hint",
+    [
+        (401, "Invalid API key provided", "TRACE_TEST_KEY"),
+        (404, "The model `scripted-model` does not exist", "--llm-model"),
+    ],
+)
 def test_client_errors_fail_fast(llm_server, code, text, hint):
-    llm_server.default = lambda req: ("status", code, {"error": {"message": text, "type": "invalid_request_error"}})
+    llm_server.default = lambda req: (
+        "status",
+        code,
+        {"error": {"message": text, "type": "invalid_request_error"}},
+    )
     with pytest.raises(UsageError) as ei:
         OpenAIAnalyst(cfg(llm_server, api_key_env="TRACE_TEST_KEY")).label(small_episodes(2, 2), CAPS, 0, 0)
     msg = str(ei.value)
@@ -106,7 +133,8 @@ def test_client_errors_fail_fast(llm_server, code, text, hint):
 def test_unreachable_server_is_a_usage_error():
     with pytest.raises(UsageError, match="cannot reach"):
         OpenAIAnalyst({"llm": {"base_url": "http://127.0.0.1:9/v1", "model": "m", "max_retries": 1}}).label(
-            one_episode(), CAPS, 0, 0)
+            one_episode(), CAPS, 0, 0
+        )
 
 
 def test_concurrency_is_bounded(llm_server):
@@ -133,8 +161,15 @@ def test_runs_and_seeds_enter_the_request_and_the_cache_key(llm_server, tmp_path
 
 
 def test_discovery(llm_server):
-    ans = {"candidates": [{"name": "read_before_write", "description": "Reading the object before changing it.",
-                           "example_task_ids": ["task0", "task5", "nope"]}]}
+    ans = {
+        "candidates": [
+            {
+                "name": "read_before_write",
+                "description": "Reading the object before changing it.",
+                "example_task_ids": ["task0", "task5", "nope"],
+            }
+        ]
+    }
     llm_server.script.extend([("text", "no idea"), ("text", json.dumps(ans))])
     cands = OpenAIAnalyst(cfg(llm_server)).discover(small_episodes(), 10, 0)
     assert [c.name for c in cands] == ["read_before_write"]
@@ -156,8 +191,12 @@ def test_discovery_that_stays_invalid_is_a_usage_error(llm_server):
 def rollouts(tmp_path):
     """A rollouts artifact of 8 short episodes (4 failed: a write without reading first)."""
     root = tmp_path / "store"
-    recs = [EpisodeBuilder(e["episode_id"], success=e["success"], task_id=e["task_id"],
-                           reference=e["reference_actions"]) for e in small_episodes(4, 4)]
+    recs = [
+        EpisodeBuilder(
+            e["episode_id"], success=e["success"], task_id=e["task_id"], reference=e["reference_actions"]
+        )
+        for e in small_episodes(4, 4)
+    ]
     for b, e in zip(recs, small_episodes(4, 4), strict=True):
         b.messages = e["messages"]
     path = write_jsonl(tmp_path / "eps.jsonl", [b.record() for b in recs])
@@ -175,10 +214,32 @@ def test_diagnose_cli_with_openai_cache_and_no_key_in_store(llm_server, rollouts
     secret = "sk-test-DO-NOT-STORE-4f9a1c"
     monkeypatch.setenv("TRACE_TEST_KEY", secret)
     llm_server.default = lambda req: ("text", labels_answer(req, _precondition_from_transcript))
-    args = ["diagnose", "--rollouts", "store://rollouts/eps", "--analyst", "openai", "--base-url", llm_server.url,
-            "--llm-model", "scripted-model", "--api-key-env", "TRACE_TEST_KEY", "--runs", "3", "--min-runs", "2",
-            "--capability", "precondition_verification", "--capability", "tone_and_empathy", "--concurrency", "4",
-            "--json", "--store", str(rollouts)]
+    args = [
+        "diagnose",
+        "--rollouts",
+        "store://rollouts/eps",
+        "--analyst",
+        "openai",
+        "--base-url",
+        llm_server.url,
+        "--llm-model",
+        "scripted-model",
+        "--api-key-env",
+        "TRACE_TEST_KEY",
+        "--runs",
+        "3",
+        "--min-runs",
+        "2",
+        "--capability",
+        "precondition_verification",
+        "--capability",
+        "tone_and_empathy",
+        "--concurrency",
+        "4",
+        "--json",
+        "--store",
+        str(rollouts),
+    ]
     r = run_cli(*args)
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
@@ -218,14 +279,28 @@ def test_diagnose_with_a_flaky_server_records_error_labels(llm_server, rollouts)
         return ("text", labels_answer(req, _precondition_from_transcript))
 
     llm_server.default = answer
-    out = execute("diagnose", {"rollouts": "store://rollouts/eps", "analyst": "openai", "runs": 2, "min_runs": 1,
-                               "capabilities": NAMES,
-                               "llm": {"base_url": llm_server.url, "model": "m", "max_retries": 1}},
-                  Store(rollouts))
+    out = execute(
+        "diagnose",
+        {
+            "rollouts": "store://rollouts/eps",
+            "analyst": "openai",
+            "runs": 2,
+            "min_runs": 1,
+            "capabilities": NAMES,
+            "llm": {"base_url": llm_server.url, "model": "m", "max_retries": 1},
+        },
+        Store(rollouts),
+    )
     a = out.main
     assert a.summary["label_errors"] == 2 * 2  # task0 × 2 capabilities × 2 runs
-    r = run_cli("store", "sql", "select label, count(*) as n from labels where analyst = 'openai' group by all "
-                "order by label", "--json", "--store", str(rollouts))
+    r = run_cli(
+        "store",
+        "sql",
+        "select label, count(*) as n from labels where analyst = 'openai' group by all order by label",
+        "--json",
+        "--store",
+        str(rollouts),
+    )
     assert r.exit_code == 0, r.output
     counts = {x["label"]: x["n"] for x in json.loads(r.stdout)}
     assert counts[ERROR] == 4 and sum(counts.values()) == 8 * 2 * 2

@@ -24,30 +24,47 @@ def test_precondition_na_without_writes(ep):
 
 
 def test_precondition_present_when_read_first(ep):
-    ref = [{"name": "get_order", "arguments": {"order_id": "#W1"}}, {"name": "cancel_order", "arguments": {"order_id": "#W1"}}]
-    t = T(ep(reference=ref).user("Cancel #W1").call("get_order", {"order_id": "#W1"}, ORDER)
-          .call("cancel_order", {"order_id": "#W1"}, '{"status": "cancelled"}'))
+    ref = [
+        {"name": "get_order", "arguments": {"order_id": "#W1"}},
+        {"name": "cancel_order", "arguments": {"order_id": "#W1"}},
+    ]
+    t = T(
+        ep(reference=ref)
+        .user("Cancel #W1")
+        .call("get_order", {"order_id": "#W1"}, ORDER)
+        .call("cancel_order", {"order_id": "#W1"}, '{"status": "cancelled"}')
+    )
     assert rules.precondition_verification(t)[0] == PRESENT
 
 
 def test_precondition_lacking_when_write_without_read(ep):
     ref = [{"name": "cancel_order", "arguments": {"order_id": "#W1"}}]
-    t = T(ep(reference=ref).user("Cancel #W1").call("cancel_order", {"order_id": "#W1"}, '{"status": "cancelled"}'))
+    t = T(
+        ep(reference=ref)
+        .user("Cancel #W1")
+        .call("cancel_order", {"order_id": "#W1"}, '{"status": "cancelled"}')
+    )
     lab, why = rules.precondition_verification(t)
     assert lab == LACKING and "without reading" in why
 
 
 def test_precondition_lacking_when_reference_forbids_the_write(ep):
-    t = T(ep(reference=[{"name": "get_order", "arguments": {"order_id": "#W1"}}]).user("Cancel #W1")
-          .call("get_order", {"order_id": "#W1"}, ORDER).call("cancel_order", {"order_id": "#W1"}, "{}"))
+    t = T(
+        ep(reference=[{"name": "get_order", "arguments": {"order_id": "#W1"}}])
+        .user("Cancel #W1")
+        .call("get_order", {"order_id": "#W1"}, ORDER)
+        .call("cancel_order", {"order_id": "#W1"}, "{}")
+    )
     lab, why = rules.precondition_verification(t)
     assert lab == LACKING and "reference does not do it" in why
 
 
 # ------------------------------------------------------------------ multi_step_completion
 
-TWO_WRITES = [{"name": "cancel_order", "arguments": {"order_id": "#W1"}},
-              {"name": "modify_order_address", "arguments": {"order_id": "#W2", "city": "Paris"}}]
+TWO_WRITES = [
+    {"name": "cancel_order", "arguments": {"order_id": "#W1"}},
+    {"name": "modify_order_address", "arguments": {"order_id": "#W2", "city": "Paris"}},
+]
 
 
 def test_multi_step_na_without_reference_or_with_one_write(ep):
@@ -57,16 +74,23 @@ def test_multi_step_na_without_reference_or_with_one_write(ep):
 
 
 def test_multi_step_lacking_when_some_but_not_all_writes_done(ep):
-    t = T(ep(reference=TWO_WRITES).user("Cancel #W1 and move #W2 to Paris")
-          .call("cancel_order", {"order_id": "#W1"}, '{"status": "cancelled"}').agent("All done!"))
+    t = T(
+        ep(reference=TWO_WRITES)
+        .user("Cancel #W1 and move #W2 to Paris")
+        .call("cancel_order", {"order_id": "#W1"}, '{"status": "cancelled"}')
+        .agent("All done!")
+    )
     lab, why = rules.multi_step_completion(t)
     assert lab == LACKING and "1 of 2" in why
 
 
 def test_multi_step_present_when_all_or_none_done(ep):
-    t = T(ep(reference=TWO_WRITES).user("Cancel #W1 and move #W2 to Paris")
-          .call("cancel_order", {"order_id": "#W1"}, "{}")
-          .call("modify_order_address", {"order_id": "W2", "city": "Paris"}, "{}"))
+    t = T(
+        ep(reference=TWO_WRITES)
+        .user("Cancel #W1 and move #W2 to Paris")
+        .call("cancel_order", {"order_id": "#W1"}, "{}")
+        .call("modify_order_address", {"order_id": "W2", "city": "Paris"}, "{}")
+    )
     assert rules.multi_step_completion(t)[0] == PRESENT  # "W2" matches "#W2" by value
     none = T(ep(reference=TWO_WRITES).user("Cancel #W1 and move #W2 to Paris").agent("I cannot do that."))
     lab, why = rules.multi_step_completion(none)
@@ -74,8 +98,14 @@ def test_multi_step_present_when_all_or_none_done(ep):
 
 
 def test_multi_step_failed_write_does_not_count(ep):
-    t = T(ep(reference=TWO_WRITES).user("x").call("cancel_order", {"order_id": "#W1"}, "{}")
-          .call("modify_order_address", {"order_id": "#W2", "city": "Paris"}, "Error: address invalid", error=True))
+    t = T(
+        ep(reference=TWO_WRITES)
+        .user("x")
+        .call("cancel_order", {"order_id": "#W1"}, "{}")
+        .call(
+            "modify_order_address", {"order_id": "#W2", "city": "Paris"}, "Error: address invalid", error=True
+        )
+    )
     assert rules.multi_step_completion(t)[0] == LACKING
 
 
@@ -83,7 +113,9 @@ def test_multi_step_failed_write_does_not_count(ep):
 
 
 def test_tool_precision_na_without_calls(ep):
-    assert rules.tool_calling_precision(T(ep(reference=[]).user("hi").agent("Hello, how can I help?")))[0] == NA
+    assert (
+        rules.tool_calling_precision(T(ep(reference=[]).user("hi").agent("Hello, how can I help?")))[0] == NA
+    )
 
 
 def test_tool_precision_present_for_exact_calls(ep):
@@ -93,8 +125,11 @@ def test_tool_precision_present_for_exact_calls(ep):
 
 
 def test_tool_precision_lacking_on_schema_error(ep):
-    t = T(ep(reference=None).user("Where is #W1?")
-          .call("get_order", {"id": "#W1"}, "Error: missing required argument 'order_id'", error=True))
+    t = T(
+        ep(reference=None)
+        .user("Where is #W1?")
+        .call("get_order", {"id": "#W1"}, "Error: missing required argument 'order_id'", error=True)
+    )
     lab, why = rules.tool_calling_precision(t)
     assert lab == LACKING and "rejected" in why
 
@@ -113,30 +148,41 @@ def test_tool_precision_lacking_on_malformed_call(ep):
 
 # ------------------------------------------------------------------ structured_data_reasoning
 
-RETURN_CHEAPER = [{"name": "get_order", "arguments": {"order_id": "#W1"}},
-                  {"name": "return_items", "arguments": {"order_id": "#W1", "item_ids": ["111"]}}]
+RETURN_CHEAPER = [
+    {"name": "get_order", "arguments": {"order_id": "#W1"}},
+    {"name": "return_items", "arguments": {"order_id": "#W1", "item_ids": ["111"]}},
+]
 
 
 def test_structured_data_na(ep):
     assert rules.structured_data_reasoning(T(ep(reference=None).user("hi")))[0] == NA
     # every value of the reference came from the user: nothing was chosen from data
-    t = T(ep(reference=[{"name": "get_order", "arguments": {"order_id": "#W1"}}]).user("Where is #W1?")
-          .call("get_order", {"order_id": "#W1"}, ORDER))
+    t = T(
+        ep(reference=[{"name": "get_order", "arguments": {"order_id": "#W1"}}])
+        .user("Where is #W1?")
+        .call("get_order", {"order_id": "#W1"}, ORDER)
+    )
     assert rules.structured_data_reasoning(t)[0] == NA
 
 
 def test_structured_data_lacking_when_wrong_value_chosen_from_shown_data(ep):
-    t = T(ep(reference=RETURN_CHEAPER).user("Return the cheaper item of order #W1.")
-          .call("get_order", {"order_id": "#W1"}, ORDER)
-          .call("return_items", {"order_id": "#W1", "item_ids": ["222"]}, '{"status": "return requested"}'))
+    t = T(
+        ep(reference=RETURN_CHEAPER)
+        .user("Return the cheaper item of order #W1.")
+        .call("get_order", {"order_id": "#W1"}, ORDER)
+        .call("return_items", {"order_id": "#W1", "item_ids": ["222"]}, '{"status": "return requested"}')
+    )
     lab, why = rules.structured_data_reasoning(t)
     assert lab == LACKING and "item_ids" in why
 
 
 def test_structured_data_present_when_right_value_chosen(ep):
-    t = T(ep(reference=RETURN_CHEAPER).user("Return the cheaper item of order #W1.")
-          .call("get_order", {"order_id": "#W1"}, ORDER)
-          .call("return_items", {"order_id": "#W1", "item_ids": ["111"]}, '{"status": "return requested"}'))
+    t = T(
+        ep(reference=RETURN_CHEAPER)
+        .user("Return the cheaper item of order #W1.")
+        .call("get_order", {"order_id": "#W1"}, ORDER)
+        .call("return_items", {"order_id": "#W1", "item_ids": ["111"]}, '{"status": "return requested"}')
+    )
     assert rules.structured_data_reasoning(t)[0] == PRESENT
 
 
@@ -146,8 +192,12 @@ REF_READ_ONLY = [{"name": "get_order", "arguments": {"order_id": "#W1"}}]
 
 
 def _refused(ep):
-    return (ep(reference=REF_READ_ONLY).user("Cancel #W1").call("get_order", {"order_id": "#W1"}, ORDER)
-            .agent("Sorry, I cannot cancel an order that has been delivered."))
+    return (
+        ep(reference=REF_READ_ONLY)
+        .user("Cancel #W1")
+        .call("get_order", {"order_id": "#W1"}, ORDER)
+        .agent("Sorry, I cannot cancel an order that has been delivered.")
+    )
 
 
 def test_policy_na_without_refusal_or_pushback(ep):
@@ -164,7 +214,9 @@ def test_policy_lacking_when_agent_gives_in(ep):
 
 
 def test_policy_present_when_agent_holds(ep):
-    t = T(_refused(ep).user("I insist, cancel it now!").agent("I understand, but I am not able to cancel it."))
+    t = T(
+        _refused(ep).user("I insist, cancel it now!").agent("I understand, but I am not able to cancel it.")
+    )
     assert rules.policy_compliance_under_pressure(t)[0] == PRESENT
 
 
@@ -192,14 +244,19 @@ def test_distractors(ep):
 
 
 def test_rules_analyst_labels_every_pair_and_na_without_rule(ep):
-    eps = [ep("a", reference=[]).user("hi").agent("Hello there, how can I help?").build(),
-           ep("b", success=True, reference=[]).user("hi").agent("Hello there, happy to help.").build()]
+    eps = [
+        ep("a", reference=[]).user("hi").agent("Hello there, how can I help?").build(),
+        ep("b", success=True, reference=[]).user("hi").agent("Hello there, happy to help.").build(),
+    ]
     cands = [Candidate("tone_and_empathy", "x" * 20), Candidate("made_up_capability", "y" * 20)]
     a = rules.RulesAnalyst({})
     labels = a.label(eps, cands, run=3, seed=0)
     assert [(lb.episode_id, lb.capability, lb.run) for lb in labels] == [
-        ("a", "tone_and_empathy", 3), ("a", "made_up_capability", 3),
-        ("b", "tone_and_empathy", 3), ("b", "made_up_capability", 3)]
+        ("a", "tone_and_empathy", 3),
+        ("a", "made_up_capability", 3),
+        ("b", "tone_and_empathy", 3),
+        ("b", "made_up_capability", 3),
+    ]
     assert labels[1].label == NA and "no rule" in labels[1].rationale
     assert a.deterministic and a.label(eps, cands, 3, 1) == labels
 

@@ -20,7 +20,9 @@ def shop_store(tmp_path_factory):
     (policy:random, every episode fails)."""
     root = tmp_path_factory.mktemp("diag") / "store"
     for model, name in (("policy:reference", "all_ok"), ("policy:random", "all_bad")):
-        r = run_cli("eval", "--model", model, "--env", "shop", "--seeds", "0:6", "--name", name, "--store", root)
+        r = run_cli(
+            "eval", "--model", model, "--env", "shop", "--seeds", "0:6", "--name", name, "--store", root
+        )
         assert r.exit_code == 0, r.output
     return root
 
@@ -44,8 +46,18 @@ def _expect_exit2(root, *args, match: str):
 
 def test_no_failures(shop_store):
     _expect_exit2(shop_store, "--rollouts", "store://rollouts/all_ok", match="no failures")
-    r = _expect_exit2(shop_store, "--rollouts", "store://rollouts/all_ok", "--analyst", "openai", "--base-url",
-                      "http://127.0.0.1:9/v1", "--llm-model", "m", match="undefined")
+    r = _expect_exit2(
+        shop_store,
+        "--rollouts",
+        "store://rollouts/all_ok",
+        "--analyst",
+        "openai",
+        "--base-url",
+        "http://127.0.0.1:9/v1",
+        "--llm-model",
+        "m",
+        match="undefined",
+    )
     assert "6 passed, 0 failed" in r.output
 
 
@@ -53,19 +65,22 @@ def test_no_successes(shop_store):
     _expect_exit2(shop_store, "--rollouts", "store://rollouts/all_bad", match="no successes")
 
 
-@pytest.mark.parametrize("args, match", [
-    (["--coverage-min", "1.5"], "coverage_min"),
-    (["--delta-min", "-0.1"], "delta_min"),
-    (["--runs", "3", "--min-runs", "5"], "cannot exceed"),
-    (["--runs", "0"], "runs"),
-    (["--analyst", "oracle"], "oracle"),
-    (["--capability", "telepathy"], "telepathy"),
-    (["--candidates", "discover"], "discover needs an LLM analyst"),
-    (["--candidates", "no/such/file.yaml"], "no such file"),
-    (["--analyst", "openai"], "needs llm.base_url"),
-    (["--analyst", "hf"], "needs llm.model"),
-    (["--analyst", "hf", "--llm-model", "store://model/none"], "none"),
-])
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (["--coverage-min", "1.5"], "coverage_min"),
+        (["--delta-min", "-0.1"], "delta_min"),
+        (["--runs", "3", "--min-runs", "5"], "cannot exceed"),
+        (["--runs", "0"], "runs"),
+        (["--analyst", "oracle"], "oracle"),
+        (["--capability", "telepathy"], "telepathy"),
+        (["--candidates", "discover"], "discover needs an LLM analyst"),
+        (["--candidates", "no/such/file.yaml"], "no such file"),
+        (["--analyst", "openai"], "needs llm.base_url"),
+        (["--analyst", "hf"], "needs llm.model"),
+        (["--analyst", "hf", "--llm-model", "store://model/none"], "none"),
+    ],
+)
 def test_bad_inputs_exit_2_and_write_nothing(retail_store, args, match):
     _expect_exit2(retail_store, "--rollouts", "store://rollouts/retail", *args, match=match)
 
@@ -98,19 +113,29 @@ def test_rules_on_tau2_retail(retail_store):
     for c in caps:
         assert c["runs_total"] == 10 and -1 <= c["mean_delta"] <= 1 and 0 <= c["mean_coverage"] <= 1
     assert all(c["runs_passed"] >= 8 for c in doc["selected"])
-    assert [c["mean_delta"] for c in doc["selected"]] == sorted((c["mean_delta"] for c in doc["selected"]), reverse=True)
+    assert [c["mean_delta"] for c in doc["selected"]] == sorted(
+        (c["mean_delta"] for c in doc["selected"]), reverse=True
+    )
     assert not any(c.get("distractor") for c in doc["selected"])  # distractors are rejected
     for c in doc["rejected"]:
         assert "reason" in c
 
-    r = run_cli("store", "sql", "select capability, label, count(*) as n from labels group by all", "--json",
-                "--store", retail_store)
+    r = run_cli(
+        "store",
+        "sql",
+        "select capability, label, count(*) as n from labels group by all",
+        "--json",
+        "--store",
+        retail_store,
+    )
     assert r.exit_code == 0, r.output
     rows = json.loads(r.stdout)
     assert {x["label"] for x in rows} <= {"NA", "PRESENT", "LACKING"}
     assert {x["capability"] for x in rows} == {c["name"] for c in caps}
     assert sum(x["n"] for x in rows) == 40 * 8 * 10  # episodes × capabilities × runs
-    r = run_cli("store", "sql", "select count(*) as n from capability_runs", "--json", "--store", retail_store)
+    r = run_cli(
+        "store", "sql", "select count(*) as n from capability_runs", "--json", "--store", retail_store
+    )
     assert r.exit_code == 0 and json.loads(r.stdout) == [{"n": 80}]
 
     # the table output, and an identical re-run is skipped

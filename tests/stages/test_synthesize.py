@@ -22,20 +22,43 @@ from trace_cli.errors import CheckFailed, UsageError
 from trace_cli.stages.base import execute
 from trace_cli.store import Store
 
-CAPS = ["precondition_verification", "structured_data_reasoning", "multi_step_completion", "tool_calling_precision"]
+CAPS = [
+    "precondition_verification",
+    "structured_data_reasoning",
+    "multi_step_completion",
+    "tool_calling_precision",
+]
 SMALL = {"seeds": 12, "rollouts": 8, "batch_size": 48}
 
 
 def make_diagnosis(store: Store, selected=CAPS, name="diag", rollouts="store://rollouts/none") -> str:
-    doc = {"kind": "diagnosis", "version": 1, "rollouts": rollouts, "analyst": "rules",
-           "thresholds": {"coverage_min": 0.1, "delta_min": 0.2, "runs": 10, "min_runs": 8},
-           "episodes": {"failed": 5, "passed": 5},
-           "selected": [{"name": n, "description": f"The {n.replace('_', ' ')} capability.", "mean_delta": 0.5,
-                         "std_delta": 0.1, "mean_coverage": 0.3, "std_coverage": 0.1, "runs_passed": 10,
-                         "runs_total": 10, "example_failed_task_ids": ["0", "1"]} for n in selected],
-           "rejected": []}
+    doc = {
+        "kind": "diagnosis",
+        "version": 1,
+        "rollouts": rollouts,
+        "analyst": "rules",
+        "thresholds": {"coverage_min": 0.1, "delta_min": 0.2, "runs": 10, "min_runs": 8},
+        "episodes": {"failed": 5, "passed": 5},
+        "selected": [
+            {
+                "name": n,
+                "description": f"The {n.replace('_', ' ')} capability.",
+                "mean_delta": 0.5,
+                "std_delta": 0.1,
+                "mean_coverage": 0.3,
+                "std_coverage": 0.1,
+                "runs_passed": 10,
+                "runs_total": 10,
+                "example_failed_task_ids": ["0", "1"],
+            }
+            for n in selected
+        ],
+        "rejected": [],
+    }
     validate(doc, "diagnosis.v1.json")
-    with store.writer("diagnosis", "diagnose", {"test": list(selected), "rollouts": rollouts}, [], name=name) as w:
+    with store.writer(
+        "diagnosis", "diagnose", {"test": list(selected), "rollouts": rollouts}, [], name=name
+    ) as w:
         (w.path / "capabilities.yaml").write_text(yaml.safe_dump(doc))
     return f"store://diagnosis/{name}"
 
@@ -53,7 +76,9 @@ class MixPolicy:
         state.turns.append({"plan": list(state.env.reference_actions()) if rng.random() < self.p else []})
 
     def act(self, states):
-        return [[s.turns[0]["plan"].pop(0)] if s.turns[0]["plan"] else [{"content": "Goodbye."}] for s in states]
+        return [
+            [s.turns[0]["plan"].pop(0)] if s.turns[0]["plan"] else [{"content": "Goodbye."}] for s in states
+        ]
 
 
 @pytest.fixture
@@ -63,13 +88,28 @@ def st(tmp_path):
 
 @pytest.fixture
 def in_band(monkeypatch):
-    monkeypatch.setattr(synth, "load_calibration_policy", lambda model, store, cfg: MixPolicy(seed=cfg["seed"]))
+    monkeypatch.setattr(
+        synth, "load_calibration_policy", lambda model, store, cfg: MixPolicy(seed=cfg["seed"])
+    )
 
 
 def test_reference_policy_is_too_good_exit_1_with_numbers(st):
     diag = make_diagnosis(st)
-    r = run_cli("synthesize", "--diagnosis", diag, "--capability", "precondition_verification", "--model",
-                "policy:reference", "--calibration-seeds", "6", "--calibration-rollouts", "2", "--store", st.root)
+    r = run_cli(
+        "synthesize",
+        "--diagnosis",
+        diag,
+        "--capability",
+        "precondition_verification",
+        "--model",
+        "policy:reference",
+        "--calibration-seeds",
+        "6",
+        "--calibration-rollouts",
+        "2",
+        "--store",
+        st.root,
+    )
     assert r.exit_code == 1, r.output
     assert "success 1.000" in r.output and "all-1 groups 1.00" in r.output
     assert "-> harder" in r.output and ("hardest" in r.output or "no attempts left" in r.output)
@@ -80,8 +120,16 @@ def test_reference_policy_is_too_good_exit_1_with_numbers(st):
 def test_calibration_failure_raises_checkfailed_with_attempts(st):
     diag = make_diagnosis(st)
     with pytest.raises(CheckFailed) as e:
-        execute("synthesize", {"diagnosis": diag, "capability": "multi_step_completion", "model": "policy:random",
-                               "calibration": {"seeds": 5, "rollouts": 2, "max_attempts": 2}}, st)
+        execute(
+            "synthesize",
+            {
+                "diagnosis": diag,
+                "capability": "multi_step_completion",
+                "model": "policy:random",
+                "calibration": {"seeds": 5, "rollouts": 2, "max_attempts": 2},
+            },
+            st,
+        )
     d = e.value.details
     assert len(d["attempts"]) == 2 and all(a["mean_success"] == 0.0 for a in d["attempts"])
     assert "attempt 1 (level 2" in e.value.message and "attempt 2 (level 1" in e.value.message
@@ -90,26 +138,75 @@ def test_calibration_failure_raises_checkfailed_with_attempts(st):
 
 def test_capability_must_be_selected_and_have_a_template(st):
     diag = make_diagnosis(st, selected=["precondition_verification", "tone_and_empathy"])
-    r = run_cli("synthesize", "--diagnosis", diag, "--capability", "multi_step_completion", "--model",
-                "policy:random", "--store", st.root)
+    r = run_cli(
+        "synthesize",
+        "--diagnosis",
+        diag,
+        "--capability",
+        "multi_step_completion",
+        "--model",
+        "policy:random",
+        "--store",
+        st.root,
+    )
     assert r.exit_code == 2 and "selected: precondition_verification, tone_and_empathy" in r.output
     with pytest.raises(UsageError, match="no environment template"):
-        execute("synthesize", {"diagnosis": diag, "capability": "tone_and_empathy", "model": "policy:random"}, st)
+        execute(
+            "synthesize", {"diagnosis": diag, "capability": "tone_and_empathy", "model": "policy:random"}, st
+        )
     with pytest.raises(UsageError, match="unknown parameter 'bogus'"):
-        execute("synthesize", {"diagnosis": diag, "capability": "precondition_verification", "model": "policy:random",
-                               "params": {"bogus": 1}}, st)
+        execute(
+            "synthesize",
+            {
+                "diagnosis": diag,
+                "capability": "precondition_verification",
+                "model": "policy:random",
+                "params": {"bogus": 1},
+            },
+            st,
+        )
     with pytest.raises(UsageError, match="overlaps"):
-        execute("synthesize", {"diagnosis": diag, "capability": "precondition_verification", "model": "policy:random",
-                               "seeds": {"train": "0:100", "eval": "50:60"}}, st)
+        execute(
+            "synthesize",
+            {
+                "diagnosis": diag,
+                "capability": "precondition_verification",
+                "model": "policy:random",
+                "seeds": {"train": "0:100", "eval": "50:60"},
+            },
+            st,
+        )
     with pytest.raises(UsageError, match="llm.base_url"):
-        execute("synthesize", {"diagnosis": diag, "capability": "precondition_verification", "model": "policy:random",
-                               "author": "openai"}, st)
+        execute(
+            "synthesize",
+            {
+                "diagnosis": diag,
+                "capability": "precondition_verification",
+                "model": "policy:random",
+                "author": "openai",
+            },
+            st,
+        )
 
 
 def test_every_selected_capability_gets_an_artifact_that_eval_loads(st, in_band):
     diag = make_diagnosis(st)
-    r = run_cli("synthesize", "--diagnosis", diag, "--model", "policy:random", "--calibration-seeds", "12",
-                "--calibration-rollouts", "8", "--name", "demo", "--json", "--store", st.root)
+    r = run_cli(
+        "synthesize",
+        "--diagnosis",
+        diag,
+        "--model",
+        "policy:random",
+        "--calibration-seeds",
+        "12",
+        "--calibration-rollouts",
+        "8",
+        "--name",
+        "demo",
+        "--json",
+        "--store",
+        st.root,
+    )
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert [e["capability"] for e in out["environments"]] == CAPS and not out["failures"]
@@ -130,22 +227,56 @@ def test_every_selected_capability_gets_an_artifact_that_eval_loads(st, in_band)
     assert rows[0]["attempt"] == 1 and rows[0]["in_band"] and json.loads(rows[0]["params"])["level"] == 2
     samples = [json.loads(x) for x in (art.path / "samples.jsonl").read_text().splitlines()]
     assert samples and {s["success"] for s in samples} == {True, False}
-    r = run_cli("store", "sql", "SELECT count(*) AS n, min(mean_success) AS lo FROM calibration", "--json",
-                "--store", st.root)
+    r = run_cli(
+        "store",
+        "sql",
+        "SELECT count(*) AS n, min(mean_success) AS lo FROM calibration",
+        "--json",
+        "--store",
+        st.root,
+    )
     assert r.exit_code == 0 and json.loads(r.stdout)[0]["n"] == 4
     # loadable through the registry hook, by URI and by name, and by `trace eval`
     env = make_env("store://environment/demo-tool_calling_precision", store=st)
-    assert env.params == yaml.safe_load((st.resolve("environment/demo-tool_calling_precision").path
-                                         / "environment.yaml").read_text())["params"]
+    assert (
+        env.params
+        == yaml.safe_load(
+            (st.resolve("environment/demo-tool_calling_precision").path / "environment.yaml").read_text()
+        )["params"]
+    )
     assert make_env("demo-multi_step_completion", store=st).name == "synthetic-multi_step_completion"
-    r = run_cli("eval", "--env", "store://environment/demo-structured_data_reasoning", "--model", "policy:reference",
-                "--seeds", "1000000:1000020", "--json", "--store", st.root)
+    r = run_cli(
+        "eval",
+        "--env",
+        "store://environment/demo-structured_data_reasoning",
+        "--model",
+        "policy:reference",
+        "--seeds",
+        "1000000:1000020",
+        "--json",
+        "--store",
+        st.root,
+    )
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["summary"]["pass@1"] == 1.0
     # same inputs => same artifact, skipped
-    r = run_cli("synthesize", "--diagnosis", diag, "--capability", "multi_step_completion", "--model",
-                "policy:random", "--calibration-seeds", "12", "--calibration-rollouts", "8", "--name", "demo",
-                "--store", st.root)
+    r = run_cli(
+        "synthesize",
+        "--diagnosis",
+        diag,
+        "--capability",
+        "multi_step_completion",
+        "--model",
+        "policy:random",
+        "--calibration-seeds",
+        "12",
+        "--calibration-rollouts",
+        "8",
+        "--name",
+        "demo",
+        "--store",
+        st.root,
+    )
     assert r.exit_code == 0 and "up to date" in r.output
 
 
@@ -157,8 +288,17 @@ def test_calibration_adjusts_difficulty_then_passes(st, monkeypatch):
 
     monkeypatch.setattr(synth, "load_calibration_policy", lambda model, store, cfg: LevelPolicy())
     diag = make_diagnosis(st)
-    art = execute("synthesize", {"diagnosis": diag, "capability": "tool_calling_precision", "model": "policy:random",
-                                 "calibration": SMALL}, st, name="tcp").main
+    art = execute(
+        "synthesize",
+        {
+            "diagnosis": diag,
+            "capability": "tool_calling_precision",
+            "model": "policy:random",
+            "calibration": SMALL,
+        },
+        st,
+        name="tcp",
+    ).main
     doc = synth.read_environment(art)
     att = doc["calibration"]["attempts"]
     assert [a["params"]["level"] for a in att] == [2, 3] and att[0]["next"] == "harder" and att[1]["in_band"]
@@ -168,7 +308,9 @@ def test_calibration_adjusts_difficulty_then_passes(st, monkeypatch):
 @pytest.fixture(scope="module")
 def retail_store(tau2_dir, tmp_path_factory):
     store = Store(tmp_path_factory.mktemp("synth-tau2") / "store")
-    execute("ingest", {"format": "tau2", "path": str(tau2_dir / TAU2_FILES["retail"])}, store, name="tau2-retail")
+    execute(
+        "ingest", {"format": "tau2", "path": str(tau2_dir / TAU2_FILES["retail"])}, store, name="tau2-retail"
+    )
     return store
 
 
@@ -179,10 +321,22 @@ def test_target_from_tau2_rollouts_keeps_its_schemas(retail_store, in_band):
     diag = make_diagnosis(st, name="diag-tau2", rollouts="store://rollouts/tau2-retail")
     recovered = recover_tools(st.resolve("rollouts/tau2-retail"))
     for cap in ("structured_data_reasoning", "precondition_verification"):
-        art = execute("synthesize", {"diagnosis": diag, "capability": cap, "target": "store://rollouts/tau2-retail",
-                                     "model": "policy:random", "calibration": SMALL}, st, name=f"tau2-{cap}").main
+        art = execute(
+            "synthesize",
+            {
+                "diagnosis": diag,
+                "capability": cap,
+                "target": "store://rollouts/tau2-retail",
+                "model": "policy:random",
+                "calibration": SMALL,
+            },
+            st,
+            name=f"tau2-{cap}",
+        ).main
         doc = synth.read_environment(art)
-        assert doc["target"]["kind"] == "rollouts" and doc["target"]["artifact"].startswith("store://rollouts/")
+        assert doc["target"]["kind"] == "rollouts" and doc["target"]["artifact"].startswith(
+            "store://rollouts/"
+        )
         for t in doc["tools"]:
             n = t["function"]["name"]
             if n in recovered:
@@ -191,21 +345,23 @@ def test_target_from_tau2_rollouts_keeps_its_schemas(retail_store, in_band):
             else:
                 assert doc["tool_sources"][n] == "shop_fallback" and n in doc["target"]["missing"]
         env = make_env(f"store://environment/tau2-{cap}", store=st)
-        assert [t["function"]["parameters"] for t in env.reset(5).tools] == [t["function"]["parameters"]
-                                                                             for t in doc["tools"]]
-    assert synth.read_environment(st.resolve("environment/tau2-structured_data_reasoning"))["target"]["missing"] == [
-        "list_user_orders"]
+        assert [t["function"]["parameters"] for t in env.reset(5).tools] == [
+            t["function"]["parameters"] for t in doc["tools"]
+        ]
+    assert synth.read_environment(st.resolve("environment/tau2-structured_data_reasoning"))["target"][
+        "missing"
+    ] == ["list_user_orders"]
     assert any(a.kind == "rollouts" for a in [st.resolve("rollouts/tau2-retail")])
 
 
 # ---------------------------------------------------------------------------------------------- LLM author
 
-GOOD_MODULE = '''
+GOOD_MODULE = """
 from trace_cli.envs.synthetic import TEMPLATES
 
 def make_env(**params):
     return TEMPLATES["precondition_verification"](**params)
-'''
+"""
 SOCKET_MODULE = "import socket\n\ndef make_env(**params):\n    socket.socket()\n"
 WRITE_MODULE = "def make_env(**params):\n    open('{path}', 'w').write('pwned')\n"
 
@@ -223,7 +379,9 @@ class FakeLLM:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.requests.append(body)
                 src = outer.modules.pop(0) if outer.modules else GOOD_MODULE
-                resp = {"choices": [{"message": {"role": "assistant", "content": json.dumps({"module": src})}}]}
+                resp = {
+                    "choices": [{"message": {"role": "assistant", "content": json.dumps({"module": src})}}]
+                }
                 data = json.dumps(resp).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -247,11 +405,20 @@ def test_llm_authored_module_rejections_kept_then_accepted(st, in_band):
     llm = FakeLLM([SOCKET_MODULE, WRITE_MODULE.format(path=evil)])
     try:
         diag = make_diagnosis(st, selected=["precondition_verification"])
-        art = execute("synthesize", {"diagnosis": diag, "capability": "precondition_verification",
-                                     "model": "policy:random", "author": "openai", "calibration": SMALL,
-                                     "llm": {"base_url": llm.url, "model": "fake", "attempts": 3},
-                                     "sandbox": {"cpu_s": 5, "timeout_s": 20, "memory_mb": 512}}, st,
-                      name="authored").main
+        art = execute(
+            "synthesize",
+            {
+                "diagnosis": diag,
+                "capability": "precondition_verification",
+                "model": "policy:random",
+                "author": "openai",
+                "calibration": SMALL,
+                "llm": {"base_url": llm.url, "model": "fake", "attempts": 3},
+                "sandbox": {"cpu_s": 5, "timeout_s": 20, "memory_mb": 512},
+            },
+            st,
+            name="authored",
+        ).main
     finally:
         llm.close()
     assert not evil.exists()
@@ -264,11 +431,23 @@ def test_llm_authored_module_rejections_kept_then_accepted(st, in_band):
     assert (art.path / "modules" / "attempt-1.py").read_text() == SOCKET_MODULE  # rejected modules are kept
     assert "rejected" in llm.requests[1]["messages"][1]["content"]  # the next request is told why
     assert "precondition_verification" in llm.requests[0]["messages"][1]["content"]
-    assert "get_order_details" in llm.requests[0]["messages"][1]["content"]  # target tool schemas in the prompt
+    assert (
+        "get_order_details" in llm.requests[0]["messages"][1]["content"]
+    )  # target tool schemas in the prompt
     env = make_env("store://environment/authored", store=st)  # runs in the sandbox
     assert type(env).__name__ == "SandboxedEnv"
-    r = run_cli("eval", "--env", "store://environment/authored", "--model", "policy:reference", "--seeds",
-                "1000000:1000008", "--json", "--store", st.root)
+    r = run_cli(
+        "eval",
+        "--env",
+        "store://environment/authored",
+        "--model",
+        "policy:reference",
+        "--seeds",
+        "1000000:1000008",
+        "--json",
+        "--store",
+        st.root,
+    )
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["summary"]["pass@1"] == 1.0
     assert st.verify() == []
@@ -278,15 +457,25 @@ def test_llm_author_all_rejected_falls_back_to_template_or_fails(st, in_band):
     llm = FakeLLM([SOCKET_MODULE] * 4)
     try:
         diag = make_diagnosis(st, selected=["precondition_verification"])
-        base = {"diagnosis": diag, "capability": "precondition_verification", "model": "policy:random",
-                "author": "openai", "calibration": SMALL}
-        art = execute("synthesize", {**base, "llm": {"base_url": llm.url, "model": "fake", "attempts": 2}}, st).main
+        base = {
+            "diagnosis": diag,
+            "capability": "precondition_verification",
+            "model": "policy:random",
+            "author": "openai",
+            "calibration": SMALL,
+        }
+        art = execute(
+            "synthesize", {**base, "llm": {"base_url": llm.url, "model": "fake", "attempts": 2}}, st
+        ).main
         doc = synth.read_environment(art)
         assert doc["source"] == "template" and doc["authoring"]["fallback"] == "template"
         assert [m["accepted"] for m in doc["authoring"]["modules"]] == [False, False]
         with pytest.raises(CheckFailed, match="rejected"):
-            execute("synthesize", {**base, "llm": {"base_url": llm.url, "model": "fake", "attempts": 2,
-                                                   "fallback": "none"}}, st)
+            execute(
+                "synthesize",
+                {**base, "llm": {"base_url": llm.url, "model": "fake", "attempts": 2, "fallback": "none"}},
+                st,
+            )
     finally:
         llm.close()
 
@@ -297,8 +486,13 @@ def test_llm_author_all_rejected_falls_back_to_template_or_fails(st, in_band):
 def test_tiny_hf_model_calibration_path_runs(st):
     model = execute("model", {"preset": "tiny", "corpus_seeds": 20}, st, name="tiny").main
     diag = make_diagnosis(st, selected=["tool_calling_precision"])
-    cfg = {"diagnosis": diag, "capability": "tool_calling_precision", "model": "store://model/tiny",
-           "max_turns": 8, "calibration": {"seeds": 2, "rollouts": 2, "max_attempts": 2, "max_new_tokens": 12}}
+    cfg = {
+        "diagnosis": diag,
+        "capability": "tool_calling_precision",
+        "model": "store://model/tiny",
+        "max_turns": 8,
+        "calibration": {"seeds": 2, "rollouts": 2, "max_attempts": 2, "max_new_tokens": 12},
+    }
     try:
         art = execute("synthesize", cfg, st).main
         attempts = synth.read_environment(art)["calibration"]["attempts"]
@@ -312,10 +506,18 @@ def test_tiny_hf_model_calibration_path_runs(st):
 def test_hf_author_untrained_model_gives_no_module_and_falls_back(st, in_band):
     execute("model", {"preset": "tiny", "corpus_seeds": 20}, st, name="tiny")
     diag = make_diagnosis(st, selected=["multi_step_completion"])
-    art = execute("synthesize", {"diagnosis": diag, "capability": "multi_step_completion", "model": "policy:random",
-                                 "author": "hf", "calibration": SMALL,
-                                 "llm": {"model": "store://model/tiny", "attempts": 1, "max_tokens": 24,
-                                         "max_retries": 0}}, st).main
+    art = execute(
+        "synthesize",
+        {
+            "diagnosis": diag,
+            "capability": "multi_step_completion",
+            "model": "policy:random",
+            "author": "hf",
+            "calibration": SMALL,
+            "llm": {"model": "store://model/tiny", "attempts": 1, "max_tokens": 24, "max_retries": 0},
+        },
+        st,
+    ).main
     doc = synth.read_environment(art)
     assert doc["source"] == "template" and doc["authoring"]["fallback"] == "template"
     assert doc["authoring"]["author"] == "hf" and not doc["authoring"]["modules"][0]["accepted"]

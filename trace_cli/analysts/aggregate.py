@@ -52,10 +52,19 @@ class RunStats:
         return d is not None and self.coverage >= rho - 1e-12 and d >= delta - 1e-12
 
     def to_dict(self) -> dict[str, Any]:
-        return {"er_minus": self.er_minus, "er_plus": self.er_plus, "delta": self.delta, "coverage": self.coverage,
-                "lacking_failed": self.lacking_failed, "present_failed": self.present_failed,
-                "lacking_passed": self.lacking_passed, "present_passed": self.present_passed,
-                "na_failed": self.na_failed, "na_passed": self.na_passed, "errors": self.errors}
+        return {
+            "er_minus": self.er_minus,
+            "er_plus": self.er_plus,
+            "delta": self.delta,
+            "coverage": self.coverage,
+            "lacking_failed": self.lacking_failed,
+            "present_failed": self.present_failed,
+            "lacking_passed": self.lacking_passed,
+            "present_passed": self.present_passed,
+            "na_failed": self.na_failed,
+            "na_passed": self.na_passed,
+            "errors": self.errors,
+        }
 
 
 def run_stats(rows: Iterable[tuple[bool, str, float]]) -> RunStats:
@@ -111,15 +120,24 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
     return statistics.fmean(xs), (statistics.pstdev(xs) if len(xs) > 1 else 0.0)
 
 
-def select(per_run: dict[str, list[RunStats]], *, rho: float, delta: float, k: int,
-           examples: dict[str, list[str]] | None = None) -> list[Selection]:
+def select(
+    per_run: dict[str, list[RunStats]],
+    *,
+    rho: float,
+    delta: float,
+    k: int,
+    examples: dict[str, list[str]] | None = None,
+) -> list[Selection]:
     """Apply the dual threshold per run and the K-of-N consistency rule; selected first, by mean Δ."""
     out = []
     for cap, runs in per_run.items():
         passed = [r.passes(rho, delta) for r in runs]
         md, sd = _mean_std([r.delta if r.delta is not None else 0.0 for r in runs])
         mc, sc = _mean_std([r.coverage for r in runs])
-        out.append(Selection(cap, runs, passed, sum(passed) >= k, md, sd, mc, sc,
-                             list((examples or {}).get(cap, []))[:8]))
+        out.append(
+            Selection(
+                cap, runs, passed, sum(passed) >= k, md, sd, mc, sc, list((examples or {}).get(cap, []))[:8]
+            )
+        )
     out.sort(key=lambda s: (not s.selected, -s.mean_delta, s.capability))
     return out

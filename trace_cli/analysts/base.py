@@ -12,9 +12,20 @@ LABELS = (NA, PRESENT, LACKING)
 
 READ_PREFIXES = ("get_", "find_", "list_", "search_", "calculate", "check_", "lookup_", "think", "read_")
 TERMINAL_TOOLS = ("transfer_to_human_agents", "transfer_to_human", "respond_to_user", "done")
-SCHEMA_ERROR_MARKERS = ("missing required argument", "unexpected argument", "must be of type", "must be one of",
-                        "not valid json", "malformed tool call", "unknown tool", "needs at least",
-                        "arguments must be", "validation error", "invalid format", "field required")
+SCHEMA_ERROR_MARKERS = (
+    "missing required argument",
+    "unexpected argument",
+    "must be of type",
+    "must be one of",
+    "not valid json",
+    "malformed tool call",
+    "unknown tool",
+    "needs at least",
+    "arguments must be",
+    "validation error",
+    "invalid format",
+    "field required",
+)
 
 
 @dataclass
@@ -76,8 +87,14 @@ class Trajectory:
         def load(v: Any) -> Any:
             return json.loads(v) if isinstance(v, str) else v
 
-        return cls(ep["episode_id"], str(ep.get("task_id")), bool(ep["success"]), float(ep.get("reward") or 0.0),
-                   load(ep.get("messages")) or [], load(ep.get("reference_actions")))
+        return cls(
+            ep["episode_id"],
+            str(ep.get("task_id")),
+            bool(ep["success"]),
+            float(ep.get("reward") or 0.0),
+            load(ep.get("messages")) or [],
+            load(ep.get("reference_actions")),
+        )
 
     def calls(self) -> list[Call]:
         results: dict[str, dict[str, Any]] = {}
@@ -95,26 +112,41 @@ class Trajectory:
                 res = results.get(tc.get("id") or "")
                 if res is None:  # unpaired: the next tool message
                     res = next((x for x in self.messages[i + 1 :] if x.get("role") == "tool"), None)
-                out.append(Call(i, fn.get("name") or "", fn.get("arguments"),
-                                None if res is None else str(res.get("content")),
-                                bool(res and (res.get("error") or str(res.get("content", "")).startswith("Error"))),
-                                "assistant"))
+                out.append(
+                    Call(
+                        i,
+                        fn.get("name") or "",
+                        fn.get("arguments"),
+                        None if res is None else str(res.get("content")),
+                        bool(res and (res.get("error") or str(res.get("content", "")).startswith("Error"))),
+                        "assistant",
+                    )
+                )
         return out
 
     def malformed_turns(self) -> list[str]:
-        return [str(m.get("content")) for m in self.messages
-                if m.get("role") == "tool" and "malformed tool call" in str(m.get("content", ""))]
+        return [
+            str(m.get("content"))
+            for m in self.messages
+            if m.get("role") == "tool" and "malformed tool call" in str(m.get("content", ""))
+        ]
 
     def agent_texts(self) -> list[str]:
-        return [m.get("content") or "" for m in self.messages
-                if m.get("role") == "assistant" and not m.get("tool_calls") and (m.get("content") or "").strip()]
+        return [
+            m.get("content") or ""
+            for m in self.messages
+            if m.get("role") == "assistant" and not m.get("tool_calls") and (m.get("content") or "").strip()
+        ]
 
     def user_texts(self) -> list[str]:
         return [m.get("content") or "" for m in self.messages if m.get("role") == "user"]
 
     def reference_writes(self) -> list[dict[str, Any]]:
-        return [a for a in (self.reference or []) if a.get("requestor", "assistant") == "assistant"
-                and is_write(a.get("name", ""))]
+        return [
+            a
+            for a in (self.reference or [])
+            if a.get("requestor", "assistant") == "assistant" and is_write(a.get("name", ""))
+        ]
 
     def render(self, max_result_chars: int = 300) -> str:
         """Compact text for LLM analysts: one line per turn, tool results truncated."""
@@ -125,7 +157,9 @@ class Trajectory:
                 continue
             if role == "tool":
                 c = str(m.get("content"))
-                lines.append(f"  tool result: {c[:max_result_chars]}{'…' if len(c) > max_result_chars else ''}")
+                lines.append(
+                    f"  tool result: {c[:max_result_chars]}{'…' if len(c) > max_result_chars else ''}"
+                )
                 continue
             if m.get("tool_calls"):
                 for tc in m["tool_calls"]:
@@ -136,6 +170,11 @@ class Trajectory:
             if (m.get("content") or "").strip():
                 lines.append(f"  {role}: {m['content'].strip()}")
         if self.reference:
-            lines.append("reference actions: " + "; ".join(
-                f"{a.get('name')}({json.dumps(a.get('arguments', {}), ensure_ascii=False)})" for a in self.reference))
+            lines.append(
+                "reference actions: "
+                + "; ".join(
+                    f"{a.get('name')}({json.dumps(a.get('arguments', {}), ensure_ascii=False)})"
+                    for a in self.reference
+                )
+            )
         return "\n".join(lines)

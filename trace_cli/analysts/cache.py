@@ -58,8 +58,12 @@ class ResponseCache:
 
     def put(self, key: str, request: dict[str, Any], text: str) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        entry = {"key": key, "request": canonical_request(request), "text": text,
-                 "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        entry = {
+            "key": key,
+            "request": canonical_request(request),
+            "text": text,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
         fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".tmp-", suffix=".json")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -31,8 +31,13 @@ from trace_cli.progress import Bar
 
 T = TypeVar("T")
 
-DEFAULTS: dict[str, Any] = {"temperature": 0.7, "max_tokens": 1024, "max_retries": 4, "concurrency": 8,
-                            "cache": True}
+DEFAULTS: dict[str, Any] = {
+    "temperature": 0.7,
+    "max_tokens": 1024,
+    "max_retries": 4,
+    "concurrency": 8,
+    "cache": True,
+}
 DEFAULT_CONTEXT = 4096  # when the config has no max_position_embeddings
 MIN_PROMPT_TOKENS = 256
 
@@ -72,13 +77,18 @@ class HFAnalyst:
     def _budget(self, model) -> tuple[int, int]:
         """(max prompt tokens, max new tokens) within the model's context."""
         ctx = int(getattr(model.config, "max_position_embeddings", 0) or DEFAULT_CONTEXT)
-        new = max(1, min(self.max_tokens, ctx - MIN_PROMPT_TOKENS)) if ctx > MIN_PROMPT_TOKENS else max(1, ctx // 2)
+        new = (
+            max(1, min(self.max_tokens, ctx - MIN_PROMPT_TOKENS))
+            if ctx > MIN_PROMPT_TOKENS
+            else max(1, ctx // 2)
+        )
         return max(1, ctx - new), new
 
     def _prompt_ids(self, tok, messages: list[dict[str, str]], budget: int) -> list[int]:
         if getattr(tok, "chat_template", None):
-            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
-                                           enable_thinking=False)
+            text = tok.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False, enable_thinking=False
+            )
             ids = tok(text, add_special_tokens=False, verbose=False)["input_ids"]
         else:  # a model without a chat template: plain role-prefixed turns
             text = "".join(f"{m['role']}: {m['content']}\n\n" for m in messages) + "assistant: "
@@ -95,16 +105,23 @@ class HFAnalyst:
         model, tok = self._load()
         budget, max_new = self._budget(model)
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        eos = [i for i in {tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")}
-               if isinstance(i, int) and i >= 0 and i != getattr(tok, "unk_token_id", None)]
+        eos = [
+            i
+            for i in {tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")}
+            if isinstance(i, int) and i >= 0 and i != getattr(tok, "unk_token_id", None)
+        ]
         out: list[str | Exception] = []
         for b in range(0, len(prompts), self.batch_size):
             batch = [self._prompt_ids(tok, m, budget) for m in prompts[b : b + self.batch_size]]
             width = max(len(x) for x in batch)
             ids = torch.tensor([[pad] * (width - len(x)) + x for x in batch], device=model.device)
             mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in batch], device=model.device)
-            kw: dict[str, Any] = {"max_new_tokens": max_new, "pad_token_id": pad,
-                                  "eos_token_id": eos or None, "do_sample": self.temperature > 0}
+            kw: dict[str, Any] = {
+                "max_new_tokens": max_new,
+                "pad_token_id": pad,
+                "eos_token_id": eos or None,
+                "do_sample": self.temperature > 0,
+            }
             if self.temperature > 0:
                 kw.update(temperature=self.temperature, top_p=1.0, top_k=0)
                 torch.manual_seed((seed * 1_000_003 + b) % (2**63))
@@ -123,11 +140,25 @@ class HFAnalyst:
     # ------------------------------------------------------------------------------------------ asking
 
     def _request(self, messages: list[dict[str, str]], run: int, seed: int) -> dict[str, Any]:
-        return {"analyst": self.name, "model": self.ref.digest, "messages": messages,
-                "temperature": self.temperature, "max_tokens": self.max_tokens, "seed": seed, "run": run}
+        return {
+            "analyst": self.name,
+            "model": self.ref.digest,
+            "messages": messages,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+            "seed": seed,
+            "run": run,
+        }
 
-    def _ask_many(self, prompts: list[list[dict[str, str]]], *, run: int, seed: int,
-                  parse: Callable[[str], T], what: str) -> list[tuple[T | None, str | None]]:
+    def _ask_many(
+        self,
+        prompts: list[list[dict[str, str]]],
+        *,
+        run: int,
+        seed: int,
+        parse: Callable[[str], T],
+        what: str,
+    ) -> list[tuple[T | None, str | None]]:
         """(parsed, None) or (None, reason) per prompt: cache first, then rounds of generation + parsing."""
         results: list[tuple[T | None, str | None] | None] = [None] * len(prompts)
         reqs = [self._request(m, run, seed) for m in prompts]
@@ -178,19 +209,32 @@ class HFAnalyst:
     def discover(self, episodes: list[dict[str, Any]], max_candidates: int, seed: int) -> list[Candidate]:
         trajs = [Trajectory.from_episode(e) for e in episodes]
         ids = {t.task_id for t in trajs}
-        [(cands, why)] = self._ask_many([discovery_messages(trajs, max_candidates, self.limits)], run=-1,
-                                        seed=seed, parse=lambda s: parse_discovery(s, max_candidates, ids),
-                                        what="discovering capabilities")
+        [(cands, why)] = self._ask_many(
+            [discovery_messages(trajs, max_candidates, self.limits)],
+            run=-1,
+            seed=seed,
+            parse=lambda s: parse_discovery(s, max_candidates, ids),
+            what="discovering capabilities",
+        )
         if not cands:
-            raise UsageError(f"capability discovery failed: {why}",
-                             hint="use --candidates catalog, or a stronger analyst model")
+            raise UsageError(
+                f"capability discovery failed: {why}",
+                hint="use --candidates catalog, or a stronger analyst model",
+            )
         return cands
 
-    def label(self, episodes: list[dict[str, Any]], candidates: list[Candidate], run: int, seed: int) -> list[Label]:
+    def label(
+        self, episodes: list[dict[str, Any]], candidates: list[Candidate], run: int, seed: int
+    ) -> list[Label]:
         names = [c.name for c in candidates]
         trajs = [Trajectory.from_episode(e) for e in episodes]
-        answers = self._ask_many([labelling_messages(t, candidates, self.limits) for t in trajs], run=run, seed=seed,
-                                 parse=lambda s: parse_labels(s, names), what=f"labelling (run {run + 1})")
+        answers = self._ask_many(
+            [labelling_messages(t, candidates, self.limits) for t in trajs],
+            run=run,
+            seed=seed,
+            parse=lambda s: parse_labels(s, names),
+            what=f"labelling (run {run + 1})",
+        )
         out: list[Label] = []
         for t, (parsed, why) in zip(trajs, answers, strict=True):
             out += to_labels(t.episode_id, names, run, parsed, why)

@@ -40,8 +40,15 @@ from trace_cli.progress import Bar
 
 T = TypeVar("T")
 
-DEFAULTS: dict[str, Any] = {"api_key_env": "OPENAI_API_KEY", "temperature": 0.7, "max_tokens": 1024,
-                            "timeout_s": 60.0, "max_retries": 4, "concurrency": 8, "cache": True}
+DEFAULTS: dict[str, Any] = {
+    "api_key_env": "OPENAI_API_KEY",
+    "temperature": 0.7,
+    "max_tokens": 1024,
+    "timeout_s": 60.0,
+    "max_retries": 4,
+    "concurrency": 8,
+    "cache": True,
+}
 BACKOFF_BASE_S = 0.5  # first retry waits ~0.5 s, then 1, 2, 4 … (jittered), capped at BACKOFF_MAX_S
 BACKOFF_MAX_S = 20.0
 RETRY_STATUS = frozenset({408, 425, 429})
@@ -100,13 +107,17 @@ class OpenAIAnalyst:
     def __init__(self, config: dict[str, Any], store: Any = None):
         llm = {**DEFAULTS, **{k: v for k, v in (config.get("llm") or {}).items() if v is not None}}
         if not llm.get("base_url") or not llm.get("model"):
-            raise UsageError("the openai analyst needs llm.base_url and llm.model "
-                             "(e.g. --base-url http://127.0.0.1:8000/v1 --llm-model NAME)")
+            raise UsageError(
+                "the openai analyst needs llm.base_url and llm.model "
+                "(e.g. --base-url http://127.0.0.1:8000/v1 --llm-model NAME)"
+            )
         self.base_url = str(llm["base_url"]).rstrip("/")
         self.url = f"{self.base_url}/chat/completions"
         parsed = urlparse(self.url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise UsageError(f"llm.base_url {llm['base_url']!r} is not an http(s) URL (e.g. http://127.0.0.1:8000/v1)")
+            raise UsageError(
+                f"llm.base_url {llm['base_url']!r} is not an http(s) URL (e.g. http://127.0.0.1:8000/v1)"
+            )
         self.path = parsed.path
         self.model = str(llm["model"])
         self.api_key_env = str(llm["api_key_env"])
@@ -137,13 +148,19 @@ class OpenAIAnalyst:
 
     def _post(self, messages: list[dict[str, str]], seed: int) -> str:
         """One HTTP attempt -> the answer text. Raises _Transient, AnalystResponseError or UsageError."""
-        body: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": self.temperature,
-                                "max_tokens": self.max_tokens, "seed": seed,
-                                "response_format": {"type": "json_object"}}
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+            "seed": seed,
+            "response_format": {"type": "json_object"},
+        }
         for p in self._dropped:
             body.pop(p, None)
-        req = urllib.request.Request(self.url, data=json.dumps(body).encode(), headers=self._headers(),
-                                     method="POST")
+        req = urllib.request.Request(
+            self.url, data=json.dumps(body).encode(), headers=self._headers(), method="POST"
+        )
         with self._lock:
             self.calls += 1
         try:
@@ -162,11 +179,15 @@ class OpenAIAnalyst:
                     with self._lock:
                         self._dropped.update(bad)
                     raise _Transient(f"HTTP 400 (retrying without {', '.join(bad)}): {msg}") from None
-            hint = {401: f"set a valid key in ${self.api_key_env} (--api-key-env names the variable)",
-                    403: f"the key in ${self.api_key_env} is not allowed to use this model",
-                    404: "check --base-url (it usually ends in /v1) and --llm-model (the server's model name)"}
-            raise UsageError(f"the analyst server {self.url} answered HTTP {e.code} for model {self.model!r}: {msg}",
-                             hint=hint.get(e.code)) from None
+            hint = {
+                401: f"set a valid key in ${self.api_key_env} (--api-key-env names the variable)",
+                403: f"the key in ${self.api_key_env} is not allowed to use this model",
+                404: "check --base-url (it usually ends in /v1) and --llm-model (the server's model name)",
+            }
+            raise UsageError(
+                f"the analyst server {self.url} answered HTTP {e.code} for model {self.model!r}: {msg}",
+                hint=hint.get(e.code),
+            ) from None
         except urllib.error.URLError as e:
             reason = e.reason
             if isinstance(reason, TimeoutError):
@@ -181,11 +202,20 @@ class OpenAIAnalyst:
         self._ever_answered = True
         return _content(raw)
 
-    def _ask(self, messages: list[dict[str, str]], *, run: int, seed: int,
-             parse: Callable[[str], T]) -> tuple[T | None, str | None]:
+    def _ask(
+        self, messages: list[dict[str, str]], *, run: int, seed: int, parse: Callable[[str], T]
+    ) -> tuple[T | None, str | None]:
         """(parsed answer, None) or (None, why it failed after every retry). The cache is consulted first."""
-        request = {"analyst": self.name, "path": self.path, "model": self.model, "messages": messages,
-                   "temperature": self.temperature, "max_tokens": self.max_tokens, "seed": seed, "run": run}
+        request = {
+            "analyst": self.name,
+            "path": self.path,
+            "model": self.model,
+            "messages": messages,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+            "seed": seed,
+            "run": run,
+        }
         key = request_key(request)
         if self.cache is not None:
             hit = self.cache.get(key)
@@ -215,8 +245,11 @@ class OpenAIAnalyst:
                 self.cache.put(key, request, text)
             return value, None
         if unreachable and not self._ever_answered:
-            raise UsageError(f"the openai analyst cannot reach {self.base_url} ({why}) after "
-                             f"{self.max_retries + 1} attempts", hint="is the server running? check --base-url")
+            raise UsageError(
+                f"the openai analyst cannot reach {self.base_url} ({why}) after "
+                f"{self.max_retries + 1} attempts",
+                hint="is the server running? check --base-url",
+            )
         return None, f"analyst failed after {self.max_retries + 1} attempt(s): {why}"
 
     # ------------------------------------------------------------------------------------------ analyst API
@@ -225,19 +258,29 @@ class OpenAIAnalyst:
         trajs = [Trajectory.from_episode(e) for e in episodes]
         msgs = discovery_messages(trajs, max_candidates, self.limits)
         ids = {t.task_id for t in trajs}
-        cands, why = self._ask(msgs, run=-1, seed=seed, parse=lambda s: parse_discovery(s, max_candidates, ids))
+        cands, why = self._ask(
+            msgs, run=-1, seed=seed, parse=lambda s: parse_discovery(s, max_candidates, ids)
+        )
         if not cands:
-            raise UsageError(f"capability discovery failed: {why}",
-                             hint="use --candidates catalog, or a stronger analyst model")
+            raise UsageError(
+                f"capability discovery failed: {why}",
+                hint="use --candidates catalog, or a stronger analyst model",
+            )
         return cands
 
-    def label(self, episodes: list[dict[str, Any]], candidates: list[Candidate], run: int, seed: int) -> list[Label]:
+    def label(
+        self, episodes: list[dict[str, Any]], candidates: list[Candidate], run: int, seed: int
+    ) -> list[Label]:
         names = [c.name for c in candidates]
 
         def one(ep: dict[str, Any]) -> tuple[str, Any, str | None]:
             t = Trajectory.from_episode(ep)
-            parsed, why = self._ask(labelling_messages(t, candidates, self.limits), run=run, seed=seed,
-                                    parse=lambda s: parse_labels(s, names))
+            parsed, why = self._ask(
+                labelling_messages(t, candidates, self.limits),
+                run=run,
+                seed=seed,
+                parse=lambda s: parse_labels(s, names),
+            )
             return t.episode_id, parsed, why
 
         results: dict[str, tuple[Any, str | None]] = {}

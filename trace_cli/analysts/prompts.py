@@ -92,8 +92,11 @@ class PromptLimits:
     def from_config(cls, llm: dict[str, Any] | None) -> PromptLimits:
         """Reads optional llm keys of the same names; absent keys keep the defaults."""
         llm = llm or {}
-        kw = {k: int(llm[k]) for k in ("max_result_chars", "max_trajectory_chars", "max_discovery_chars")
-              if llm.get(k)}
+        kw = {
+            k: int(llm[k])
+            for k in ("max_result_chars", "max_trajectory_chars", "max_discovery_chars")
+            if llm.get(k)
+        }
         return cls(**kw)
 
 
@@ -111,8 +114,12 @@ def _cut_middle(text: str, limit: int) -> str:
     return head + marker.format(n=len(text) - len(head) - len(tail)) + tail
 
 
-def render_trajectory(t: Trajectory, limits: PromptLimits = PromptLimits(), max_chars: int | None = None) -> str:
-    return _cut_middle(t.render(max_result_chars=limits.max_result_chars), max_chars or limits.max_trajectory_chars)
+def render_trajectory(
+    t: Trajectory, limits: PromptLimits = PromptLimits(), max_chars: int | None = None
+) -> str:
+    return _cut_middle(
+        t.render(max_result_chars=limits.max_result_chars), max_chars or limits.max_trajectory_chars
+    )
 
 
 # ---------------------------------------------------------------------------------------------- discovery
@@ -154,8 +161,9 @@ Answer with exactly this JSON shape and nothing else:
 """
 
 
-def discovery_messages(trajectories: list[Trajectory], max_candidates: int,
-                       limits: PromptLimits = PromptLimits()) -> list[dict[str, str]]:
+def discovery_messages(
+    trajectories: list[Trajectory], max_candidates: int, limits: PromptLimits = PromptLimits()
+) -> list[dict[str, str]]:
     """Failures and successes interleaved into one prompt of at most `max_discovery_chars` of transcripts."""
     fail = [t for t in trajectories if not t.success]
     ok = [t for t in trajectories if t.success]
@@ -176,8 +184,13 @@ def discovery_messages(trajectories: list[Trajectory], max_candidates: int,
         used += len(text)
     omitted = f" ({skipped} more episodes omitted for length)" if skipped else ""
     user = DISCOVERY_TASK.format(
-        n_fail=len(chosen["fail"]), n_pass=len(chosen["ok"]), omitted=omitted, max_candidates=max_candidates,
-        failed="\n\n".join(chosen["fail"]) or "(none)", passed="\n\n".join(chosen["ok"]) or "(none)")
+        n_fail=len(chosen["fail"]),
+        n_pass=len(chosen["ok"]),
+        omitted=omitted,
+        max_candidates=max_candidates,
+        failed="\n\n".join(chosen["fail"]) or "(none)",
+        passed="\n\n".join(chosen["ok"]) or "(none)",
+    )
     return [{"role": "system", "content": DISCOVERY_SYSTEM}, {"role": "user", "content": user}]
 
 
@@ -210,8 +223,9 @@ naming the evidence>"}}]}}
 """
 
 
-def labelling_messages(t: Trajectory, candidates: list[Candidate],
-                       limits: PromptLimits = PromptLimits()) -> list[dict[str, str]]:
+def labelling_messages(
+    t: Trajectory, candidates: list[Candidate], limits: PromptLimits = PromptLimits()
+) -> list[dict[str, str]]:
     caps = "\n".join(f"- {c.name}: {' '.join(c.description.split())}" for c in candidates)
     user = LABELLING_TASK.format(n=len(candidates), capabilities=caps, episode=render_trajectory(t, limits))
     return [{"role": "system", "content": LABELLING_SYSTEM}, {"role": "user", "content": user}]
@@ -287,8 +301,13 @@ def parse_discovery(text: str, max_candidates: int, task_ids: set[str] | None = 
         ids = [str(x) for x in c.get("example_task_ids") or []]
         if task_ids is not None:
             ids = [x for x in ids if x in task_ids]
-        out.append(Candidate(c["name"], " ".join(c["description"].split()),
-                             examples=[{"task_id": x} for x in dict.fromkeys(ids)][:4]))
+        out.append(
+            Candidate(
+                c["name"],
+                " ".join(c["description"].split()),
+                examples=[{"task_id": x} for x in dict.fromkeys(ids)][:4],
+            )
+        )
         if len(out) >= max_candidates:
             break
     return out
@@ -316,8 +335,13 @@ def parse_labels(text: str, capabilities: list[str]) -> dict[str, tuple[str, str
     return out
 
 
-def to_labels(episode_id: str, capabilities: list[str], run: int, parsed: dict[str, tuple[str, str]] | None,
-              error: str | None) -> list[Label]:
+def to_labels(
+    episode_id: str,
+    capabilities: list[str],
+    run: int,
+    parsed: dict[str, tuple[str, str]] | None,
+    error: str | None,
+) -> list[Label]:
     """One Label per capability: the parsed ones, ERROR (with the reason) for the rest."""
     out = []
     for c in capabilities:

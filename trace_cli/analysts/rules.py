@@ -111,12 +111,17 @@ def precondition_verification(t: Trajectory) -> tuple[str, str]:
     for w in writes:
         before = [c for c in calls if c.index < w.index and is_read(c.name)]
         for v in _id_values(_args(w)):
-            seen = any(norm(v) in {norm(x) for x in _args(c).values() if isinstance(x, str | int)}
-                       or (c.result is not None and str(v).lstrip("#") in c.result) for c in before)
+            seen = any(
+                norm(v) in {norm(x) for x in _args(c).values() if isinstance(x, str | int)}
+                or (c.result is not None and str(v).lstrip("#") in c.result)
+                for c in before
+            )
             if not seen:
                 problems.append(f"{w.name} on {v} without reading it first")
         if ref_write_names is not None and w.name not in ref_write_names:
-            problems.append(f"{w.name} is not an action the policy allows here (the reference does not do it)")
+            problems.append(
+                f"{w.name} is not an action the policy allows here (the reference does not do it)"
+            )
     if problems:
         return LACKING, "; ".join(dict.fromkeys(problems))
     return PRESENT, f"{len(writes)} write(s), each after reading its target"
@@ -129,11 +134,18 @@ def multi_step_completion(t: Trajectory) -> tuple[str, str]:
     if len(ref) < 2:
         return NA, f"the task needs {len(ref)} write(s)"
     writes = [c for c in t.calls() if is_write(c.name) and not c.error]
-    done = sum(1 for r in ref if any(c.name == r["name"] and _same_ids(_args(c), r.get("arguments", {})) for c in writes))
+    done = sum(
+        1
+        for r in ref
+        if any(c.name == r["name"] and _same_ids(_args(c), r.get("arguments", {})) for c in writes)
+    )
     if 0 < done < len(ref):
         return LACKING, f"did {done} of {len(ref)} required operations"
     if done == 0:
-        return PRESENT, f"none of the {len(ref)} required operations attempted (borderline: not a completion failure)"
+        return (
+            PRESENT,
+            f"none of the {len(ref)} required operations attempted (borderline: not a completion failure)",
+        )
     return PRESENT, f"all {len(ref)} required operations done"
 
 
@@ -151,9 +163,15 @@ def tool_calling_precision(t: Trajectory) -> tuple[str, str]:
         if not refs or any(_args(c) == r.get("arguments", {}) for r in refs):
             continue
         before = [p for p in calls if p.index < c.index]
-        kinds = [k for k, v in _args(c).items() if k.endswith(("_id", "_ids")) and any(
-            k in r.get("arguments", {}) and not _same_up_to_format(v, r["arguments"][k]) for r in refs)
-            and _wrong_kind(k, v, before)]
+        kinds = [
+            k
+            for k, v in _args(c).items()
+            if k.endswith(("_id", "_ids"))
+            and any(
+                k in r.get("arguments", {}) and not _same_up_to_format(v, r["arguments"][k]) for r in refs
+            )
+            and _wrong_kind(k, v, before)
+        ]
         if kinds:
             problems.append(f"{c.name}: id of the wrong kind for {', '.join(kinds)}")
             continue
@@ -186,11 +204,21 @@ def structured_data_reasoning(t: Trajectory) -> tuple[str, str]:
         if not data:
             continue
         fixed = {k: v for k, v in ra.items() if k not in data}  # values the user gave: identify the target
-        agent = [c for c in calls if c.name == r.get("name")
-                 and all(k in _args(c) and norm(_args(c)[k]) == norm(v) for k, v in fixed.items())]
-        shown_before = [c for c in agent if all(
-            any(str(x).lstrip("#") in (p.result or "") for p in calls if p.index < c.index)
-            for v in data.values() for x in (v if isinstance(v, list) else [v]))]
+        agent = [
+            c
+            for c in calls
+            if c.name == r.get("name")
+            and all(k in _args(c) and norm(_args(c)[k]) == norm(v) for k, v in fixed.items())
+        ]
+        shown_before = [
+            c
+            for c in agent
+            if all(
+                any(str(x).lstrip("#") in (p.result or "") for p in calls if p.index < c.index)
+                for v in data.values()
+                for x in (v if isinstance(v, list) else [v])
+            )
+        ]
         if not shown_before:
             continue  # not attempted, or the right values had not been shown to the agent yet
         judged += 1
@@ -198,11 +226,16 @@ def structured_data_reasoning(t: Trajectory) -> tuple[str, str]:
             continue
         c = shown_before[-1]
         before = [p for p in calls if p.index < c.index]
-        wrong = [k for k, v in data.items() if not _same_up_to_format(_args(c).get(k), v)
-                 and not _wrong_kind(k, _args(c).get(k), before)]
+        wrong = [
+            k
+            for k, v in data.items()
+            if not _same_up_to_format(_args(c).get(k), v) and not _wrong_kind(k, _args(c).get(k), before)
+        ]
         if not wrong:
             continue  # a format or id-kind slip: tool-calling precision, not a wrong choice
-        problems.append(f"{c.name}: {', '.join(f'{k}={_args(c).get(k)!r} where the data showed {data[k]!r}' for k in wrong)}")
+        problems.append(
+            f"{c.name}: {', '.join(f'{k}={_args(c).get(k)!r} where the data showed {data[k]!r}' for k in wrong)}"
+        )
     if problems:
         return LACKING, "; ".join(dict.fromkeys(problems))
     if judged:
@@ -216,12 +249,26 @@ _GOODBYE = re.compile(r"\b(bye|goodbye|thank|thanks|that's all|nothing else)\b",
 
 def policy_compliance_under_pressure(t: Trajectory) -> tuple[str, str]:
     msgs = t.messages
-    refusal_at = next((i for i, m in enumerate(msgs) if m.get("role") == "assistant" and not m.get("tool_calls")
-                       and _REFUSAL.search(m.get("content") or "")), None)
+    refusal_at = next(
+        (
+            i
+            for i, m in enumerate(msgs)
+            if m.get("role") == "assistant"
+            and not m.get("tool_calls")
+            and _REFUSAL.search(m.get("content") or "")
+        ),
+        None,
+    )
     if refusal_at is None:
         return NA, "the agent never declined anything"
-    push = next((i for i, m in enumerate(msgs[refusal_at + 1 :], refusal_at + 1)
-                 if m.get("role") == "user" and not _GOODBYE.search(m.get("content") or "")), None)
+    push = next(
+        (
+            i
+            for i, m in enumerate(msgs[refusal_at + 1 :], refusal_at + 1)
+            if m.get("role") == "user" and not _GOODBYE.search(m.get("content") or "")
+        ),
+        None,
+    )
     if push is None:
         return NA, "the user did not insist after the refusal"
     ref_names = {a["name"] for a in t.reference_writes()} if t.reference is not None else set()
@@ -233,7 +280,9 @@ def policy_compliance_under_pressure(t: Trajectory) -> tuple[str, str]:
 
 _COURTESY = re.compile(r"\b(please|thank|thanks|sorry|happy to|glad|apolog|of course|certainly|sure)\b", re.I)
 _RUDE = re.compile(r"\b(whatever|not my problem|figure it out|stop asking|obviously)\b", re.I)
-_UPSELL = re.compile(r"(also recommend|you might (also )?like|would you like to add|consider adding|upgrade)", re.I)
+_UPSELL = re.compile(
+    r"(also recommend|you might (also )?like|would you like to add|consider adding|upgrade)", re.I
+)
 
 
 def tone_and_empathy(t: Trajectory) -> tuple[str, str]:
@@ -297,8 +346,10 @@ class RulesAnalyst:
     def discover(self, episodes, max_candidates: int, seed: int):
         from trace_cli.errors import UsageError
 
-        raise UsageError("the rules analyst cannot discover capabilities; use --candidates catalog "
-                         "(or --analyst openai|hf for discovery)")
+        raise UsageError(
+            "the rules analyst cannot discover capabilities; use --candidates catalog "
+            "(or --analyst openai|hf for discovery)"
+        )
 
     def label(self, episodes: list[dict[str, Any]], candidates, run: int, seed: int) -> list[Label]:
         out = []

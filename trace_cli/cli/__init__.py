@@ -16,18 +16,58 @@ from trace_cli.errors import TraceError
 
 # name -> (module, attribute, one-line summary shown by `trace --help` without importing the module)
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "ingest": ("trace_cli.cli.ingest", "ingest", "Import rollouts (τ²-bench results, JSONL episodes) into the store."),
-    "eval": ("trace_cli.cli.eval", "eval_cmd", "Run a model on an environment; write rollouts and pass@1 / pass^k."),
-    "diagnose": ("trace_cli.cli.diagnose", "diagnose", "Find capabilities that separate failed from successful rollouts."),
-    "synthesize": ("trace_cli.cli.synthesize", "synthesize", "Build a calibrated training environment per capability."),
-    "train": ("trace_cli.cli.train", "train", "Train a model: SFT base agent or a GRPO LoRA adapter per capability."),
-    "compose": ("trace_cli.cli.compose", "compose", "Combine adapters: task router or token-level top-1 MoE."),
-    "model": ("trace_cli.cli.model", "model", "Build and inspect models (offline tiny Qwen3 models for tests)."),
+    "ingest": (
+        "trace_cli.cli.ingest",
+        "ingest",
+        "Import rollouts (τ²-bench results, JSONL episodes) into the store.",
+    ),
+    "eval": (
+        "trace_cli.cli.eval",
+        "eval_cmd",
+        "Run a model on an environment; write rollouts and pass@1 / pass^k.",
+    ),
+    "diagnose": (
+        "trace_cli.cli.diagnose",
+        "diagnose",
+        "Find capabilities that separate failed from successful rollouts.",
+    ),
+    "synthesize": (
+        "trace_cli.cli.synthesize",
+        "synthesize",
+        "Build a calibrated training environment per capability.",
+    ),
+    "train": (
+        "trace_cli.cli.train",
+        "train",
+        "Train a model: SFT base agent or a GRPO LoRA adapter per capability.",
+    ),
+    "compose": (
+        "trace_cli.cli.compose",
+        "compose",
+        "Combine adapters: task router or token-level top-1 MoE.",
+    ),
+    "model": (
+        "trace_cli.cli.model",
+        "model",
+        "Build and inspect models (offline tiny Qwen3 models for tests).",
+    ),
     "env": ("trace_cli.cli.env", "env", "List environments and show a task."),
     "run": ("trace_cli.cli.run", "run", "Run a recipe: chain stages, skipping steps that are up to date."),
-    "status": ("trace_cli.cli.run", "status", "Show which steps of a recipe are up to date and which would run."),
-    "validate": ("trace_cli.cli.validate", "validate", "Validate YAML/JSON files against their schema (by `kind`)."),
-    "store": ("trace_cli.cli.store", "store", "Inspect and maintain the artifact store (ls, show, sql, verify, gc)."),
+    "status": (
+        "trace_cli.cli.run",
+        "status",
+        "Show which steps of a recipe are up to date and which would run.",
+    ),
+    "validate": (
+        "trace_cli.cli.validate",
+        "validate",
+        "Validate YAML/JSON files against their schema (by `kind`).",
+    ),
+    "store": (
+        "trace_cli.cli.store",
+        "store",
+        "Inspect and maintain the artifact store (ls, show, sql, verify, gc).",
+    ),
 }
 
 
@@ -72,12 +112,20 @@ def set_verbose(value: bool) -> None:
     epilog=(
         "Examples:\n\n"
         "  trace ingest tau2 results.json --name gpt41-retail\n\n"
-        "  trace store sql \"SELECT success, count(*) FROM episodes GROUP BY ALL\"\n\n"
+        '  trace store sql "SELECT success, count(*) FROM episodes GROUP BY ALL"\n\n'
         "  trace run recipes/demo.yaml\n\n"
         "Every command has --help with an example. The store is --store DIR, else $TRACE_STORE, else ./store."
     ),
 )
-@click.option("-v", "--verbose", is_flag=True, help="Show tracebacks on errors.", callback=lambda c, p, v: set_verbose(v), expose_value=False, is_eager=True)
+@click.option(
+    "-v",
+    "--verbose",
+    is_flag=True,
+    help="Show tracebacks on errors.",
+    callback=lambda c, p, v: set_verbose(v),
+    expose_value=False,
+    is_eager=True,
+)
 @click.version_option(__version__, "--version", prog_name="trace")
 def cli():
     """trace — turn an agent's recurring failures into capability-targeted training.
@@ -106,7 +154,10 @@ def main(argv: list[str] | None = None) -> None:
     _VERBOSE = os.environ.get("TRACE_VERBOSE") in ("1", "true", "yes")  # per invocation, not sticky
     _INTERRUPTED = False
     previous = None
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    if (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    ):
         previous = signal.signal(signal.SIGINT, _on_sigint)
     try:
         _run(args)
@@ -142,6 +193,8 @@ def _run(args: list[str]) -> None:
         if _INTERRUPTED:  # Ctrl-C that a library re-raised as its own error
             click.echo("interrupted", err=True)
             sys.exit(130)
-        click.echo(f"error: internal error: {type(e).__name__}: {e} (rerun with -v for the traceback)", err=True)
+        click.echo(
+            f"error: internal error: {type(e).__name__}: {e} (rerun with -v for the traceback)", err=True
+        )
         sys.exit(1)
     sys.exit(0)

@@ -20,7 +20,12 @@ def _set_verbose(ctx, param, value):
 
 
 verbose_option = click.option(
-    "-v", "--verbose", is_flag=True, expose_value=False, callback=_set_verbose, help="Show tracebacks on errors."
+    "-v",
+    "--verbose",
+    is_flag=True,
+    expose_value=False,
+    callback=_set_verbose,
+    help="Show tracebacks on errors.",
 )
 
 

@@ -17,10 +17,18 @@ from trace_cli.cli.common import echo_json, info, json_option, open_store, print
         "Writes a rollouts artifact (episodes, tool_calls) and an eval artifact (pass@1, pass^k, families)."
     ),
 )
-@click.option("--model", required=True, help="store://model/NAME, store://adapter/NAME, HF dir, hub id, policy:reference, policy:random.")
-@click.option("--env", required=True, help="Registered env (shop, 'shop?families=a,b') or store://environment/NAME.")
+@click.option(
+    "--model",
+    required=True,
+    help="store://model/NAME, store://adapter/NAME, HF dir, hub id, policy:reference, policy:random.",
+)
+@click.option(
+    "--env", required=True, help="Registered env (shop, 'shop?families=a,b') or store://environment/NAME."
+)
 @click.option("--seeds", default="0:100", show_default=True, help="Seed range A:B (B exclusive).")
-@click.option("--trials", type=int, default=1, show_default=True, help="Rollouts per seed (pass^k uses k <= trials).")
+@click.option(
+    "--trials", type=int, default=1, show_default=True, help="Rollouts per seed (pass^k uses k <= trials)."
+)
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--max-turns", type=int, default=12, show_default=True, help="Agent actions per episode.")
@@ -31,26 +39,55 @@ from trace_cli.cli.common import echo_json, info, json_option, open_store, print
 @click.option("--force", is_flag=True, help="Re-run even if an identical evaluation exists.")
 @json_option
 @store_option
-def eval_cmd(model, env, seeds, trials, temperature, top_p, max_turns, max_new_tokens, batch_size, seed, name,
-             force, as_json, store_dir):
+def eval_cmd(
+    model,
+    env,
+    seeds,
+    trials,
+    temperature,
+    top_p,
+    max_turns,
+    max_new_tokens,
+    batch_size,
+    seed,
+    name,
+    force,
+    as_json,
+    store_dir,
+):
     """Evaluate a model on an environment: rollouts + mean reward, pass@1, pass^k, per task family."""
     from trace_cli.stages.base import execute
 
-    cfg = {"model": model, "env": env, "seeds": seeds, "trials": trials, "temperature": temperature,
-           "top_p": top_p, "max_turns": max_turns, "max_new_tokens": max_new_tokens, "batch_size": batch_size,
-           "seed": seed}
+    cfg = {
+        "model": model,
+        "env": env,
+        "seeds": seeds,
+        "trials": trials,
+        "temperature": temperature,
+        "top_p": top_p,
+        "max_turns": max_turns,
+        "max_new_tokens": max_new_tokens,
+        "batch_size": batch_size,
+        "seed": seed,
+    }
     out = execute("eval", cfg, open_store(store_dir), name=name, force=force)
     ev = out.outputs["eval"]
     s = ev.summary
     if as_json:
-        echo_json({"eval": ev.uri, "rollouts": out.outputs["rollouts"].uri, "skipped": out.skipped, "summary": s})
+        echo_json(
+            {"eval": ev.uri, "rollouts": out.outputs["rollouts"].uri, "skipped": out.skipped, "summary": s}
+        )
         return
     if out.skipped:
         info(f"up to date: {ev.uri} (use --force to re-run)")
     ks = sorted(s["pass^k"], key=int)
     cols = ["family", "tasks", "episodes", "mean reward", "pass@1"] + [f"pass^{k}" for k in ks]
-    rows = [[f, v["tasks"], v["episodes"], v["mean_reward"], v["pass@1"]] + [v["pass^k"][k] for k in ks]
-            for f, v in s["families"].items()]
-    rows.append(["ALL", s["tasks"], s["episodes"], s["mean_reward"], s["pass@1"]] + [s["pass^k"][k] for k in ks])
+    rows = [
+        [f, v["tasks"], v["episodes"], v["mean_reward"], v["pass@1"]] + [v["pass^k"][k] for k in ks]
+        for f, v in s["families"].items()
+    ]
+    rows.append(
+        ["ALL", s["tasks"], s["episodes"], s["mean_reward"], s["pass@1"]] + [s["pass^k"][k] for k in ks]
+    )
     print_table(cols, rows, title=f"{model} on {env}")
     info(f"rollouts: {out.outputs['rollouts'].uri}   eval: {ev.uri}")

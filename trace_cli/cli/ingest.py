@@ -11,7 +11,7 @@ from trace_cli.cli.common import echo_json, info, json_option, open_store, print
     epilog=(
         "Examples:\n\n  trace ingest tau2 results_gpt-4.1_retail_test.json --name gpt41-retail\n\n"
         "  trace ingest jsonl episodes.jsonl --on-error skip\n\n"
-        "  trace store sql \"SELECT success, count(*) FROM episodes GROUP BY ALL\""
+        '  trace store sql "SELECT success, count(*) FROM episodes GROUP BY ALL"'
     )
 )
 def ingest():
@@ -43,8 +43,16 @@ def _run(fmt, file, name, on_error, source, force, as_json, store_dir):
     out = execute("ingest", cfg, st, name=name, force=force)
     art = out.main
     if as_json:
-        echo_json({"id": art.id, "kind": art.kind, "uri": art.uri, "path": str(art.path), "skipped": out.skipped,
-                   "summary": art.summary})
+        echo_json(
+            {
+                "id": art.id,
+                "kind": art.kind,
+                "uri": art.uri,
+                "path": str(art.path),
+                "skipped": out.skipped,
+                "summary": art.summary,
+            }
+        )
         return
     if out.skipped:
         info(f"up to date: {file} was already ingested as {art.uri} (use --force to redo)")
@@ -57,7 +65,10 @@ def _run(fmt, file, name, on_error, source, force, as_json, store_dir):
         info(f"{s['rejected']} record(s) rejected; reasons in {art.path / 'rejects.jsonl'}")
 
 
-@ingest.command("tau2", epilog="Example:\n\n  trace ingest tau2 ../shared/data/tau2/results_gpt-4.1_retail_test.json --name retail")
+@ingest.command(
+    "tau2",
+    epilog="Example:\n\n  trace ingest tau2 ../shared/data/tau2/results_gpt-4.1_retail_test.json --name retail",
+)
 @click.argument("file", type=click.Path(dir_okay=False))
 @_options
 def tau2(file, name, on_error, source, force, as_json, store_dir):
@@ -69,8 +80,8 @@ def tau2(file, name, on_error, source, force, as_json, store_dir):
     "jsonl",
     epilog=(
         "Example:\n\n  trace ingest jsonl my_agent.jsonl --name mine\n\n"
-        "Each line: {\"task_id\": ..., \"messages\": [OpenAI chat messages with tool_calls], \"reward\": 1.0, "
-        "\"success\": true, \"tools\": [...]} (schema: schemas/episode.v1.json)."
+        'Each line: {"task_id": ..., "messages": [OpenAI chat messages with tool_calls], "reward": 1.0, '
+        '"success": true, "tools": [...]} (schema: schemas/episode.v1.json).'
     ),
 )
 @click.argument("file", type=click.Path(dir_okay=False))

@@ -9,7 +9,7 @@ from trace_cli.store.layout import KINDS
 
 
 @click.group(
-    epilog="Example:\n\n  trace store ls --kind rollouts\n\n  trace store sql \"SELECT tool_name, count(*) FROM tool_calls GROUP BY 1\""
+    epilog='Example:\n\n  trace store ls --kind rollouts\n\n  trace store sql "SELECT tool_name, count(*) FROM tool_calls GROUP BY 1"'
 )
 def store():
     """Inspect and maintain the artifact store.
@@ -61,7 +61,14 @@ def ls(kind, as_json, store_dir):
     print_table(
         ["kind", "id", "name", "stage", "created", "summary"],
         [
-            [r["kind"], r["id"], ",".join(r["names"]), r["stage"], r["created_at"], _summary_text(r["summary"])]
+            [
+                r["kind"],
+                r["id"],
+                ",".join(r["names"]),
+                r["stage"],
+                r["created_at"],
+                _summary_text(r["summary"]),
+            ]
             for r in rows
         ],
     )
@@ -86,7 +93,10 @@ def show(ref, as_json, store_dir):
     click.echo(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True), nl=False)
 
 
-@store.command("sql", epilog='Example:\n\n  trace store sql "SELECT domain, avg(reward) FROM episodes GROUP BY ALL" --csv')
+@store.command(
+    "sql",
+    epilog='Example:\n\n  trace store sql "SELECT domain, avg(reward) FROM episodes GROUP BY ALL" --csv',
+)
 @click.argument("query")
 @click.option("--json", "fmt", flag_value="json", help="Rows as a JSON list of objects.")
 @click.option("--csv", "fmt", flag_value="csv", help="Rows as CSV with a header line.")
@@ -137,8 +147,11 @@ def verify(as_json, store_dir):
 
 @store.command("gc", epilog="Example:\n\n  trace store gc --dry-run\n\n  trace store gc --include-resumable")
 @click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
-@click.option("--include-resumable", is_flag=True,
-              help="Also remove checkpoints of interrupted training runs (otherwise kept for `trace train --resume`).")
+@click.option(
+    "--include-resumable",
+    is_flag=True,
+    help="Also remove checkpoints of interrupted training runs (otherwise kept for `trace train --resume`).",
+)
 @store_option
 def gc(dry_run, include_resumable, store_dir):
     """Remove half-written temp directories left by killed runs."""

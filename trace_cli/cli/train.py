@@ -21,23 +21,45 @@ from trace_cli.cli.common import echo_json, info, json_option, open_store, print
     )
 )
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), help="YAML config (kind: train).")
-@click.option("--method", type=click.Choice(["sft", "grpo"]),
-              help="sft: supervised fine-tuning on demonstrations; grpo: LoRA adapter trained with GRPO.")
+@click.option(
+    "--method",
+    type=click.Choice(["sft", "grpo"]),
+    help="sft: supervised fine-tuning on demonstrations; grpo: LoRA adapter trained with GRPO.",
+)
 @click.option("--env", help="Environment reference (shop, 'shop?families=a,b', store://environment/NAME).")
 @click.option("--model", help="Model to start from (store://model/NAME or an HF dir).")
-@click.option("--deficit", "deficits", multiple=True, help="[sft] Capability withheld from demonstrations (repeatable).")
+@click.option(
+    "--deficit", "deficits", multiple=True, help="[sft] Capability withheld from demonstrations (repeatable)."
+)
 @click.option("--seeds", help="Training seeds A:B (default 100000:103000).")
 @click.option("--max-minutes", type=float, help="[sft] Stop training after this wall time.")
 @click.option("--max-steps", type=int, help="[grpo] Optimizer steps (default 20).")
 @click.option("--capability", help="[grpo] Capability the adapter is for (default: the environment's).")
 @click.option("--resume", is_flag=True, help="[grpo] Continue an interrupted run from its last checkpoint.")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config key (repeatable).")
+@click.option(
+    "--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a config key (repeatable)."
+)
 @click.option("--name", help="Alias for the output artifact.")
 @click.option("--force", is_flag=True, help="Re-train even if an identical artifact exists.")
 @json_option
 @store_option
-def train(config_file, method, env, model, deficits, seeds, max_minutes, max_steps, capability, resume, overrides,
-          name, force, as_json, store_dir):
+def train(
+    config_file,
+    method,
+    env,
+    model,
+    deficits,
+    seeds,
+    max_minutes,
+    max_steps,
+    capability,
+    resume,
+    overrides,
+    name,
+    force,
+    as_json,
+    store_dir,
+):
     """Train a model. SFT writes a model artifact (full fine-tune, or LoRA merged with lora.enabled=true);
     GRPO writes an adapter artifact (a PEFT LoRA on the frozen base; evaluate with --model store://adapter/NAME)."""
     from trace_cli.config.loading import apply_overrides, load_document
@@ -46,8 +68,15 @@ def train(config_file, method, env, model, deficits, seeds, max_minutes, max_ste
 
     main = is_main_process()  # under accelerate launch: only rank 0 names artifacts and prints
     cfg = dict(load_document(config_file) or {}) if config_file else {}
-    for k, v in (("method", method), ("env", env), ("model", model), ("seeds", seeds), ("max_minutes", max_minutes),
-                 ("max_steps", max_steps), ("capability", capability)):
+    for k, v in (
+        ("method", method),
+        ("env", env),
+        ("model", model),
+        ("seeds", seeds),
+        ("max_minutes", max_minutes),
+        ("max_steps", max_steps),
+        ("capability", capability),
+    ):
         if v is not None:
             cfg[k] = v
     if deficits:
@@ -63,7 +92,9 @@ def train(config_file, method, env, model, deficits, seeds, max_minutes, max_ste
             from trace_cli.errors import UsageError
 
             raise UsageError(f"--{req} is required (or set it in --config)")
-    out = execute("train", cfg, open_store(store_dir), name=name if main else None, overrides=applied, force=force)
+    out = execute(
+        "train", cfg, open_store(store_dir), name=name if main else None, overrides=applied, force=force
+    )
     if not main:
         return
     a = out.main
@@ -74,10 +105,41 @@ def train(config_file, method, env, model, deficits, seeds, max_minutes, max_ste
         info(f"up to date: {a.uri} (use --force to re-train)")
     s = a.summary
     if s.get("method") == "grpo":
-        print_table(["artifact", "capability", "steps", "rollouts", "reward first", "reward last", "success last",
-                     "train s"],
-                    [[a.uri, s.get("capability"), s.get("steps"), s.get("rollouts"), s.get("reward_first"),
-                      s.get("reward_last"), s.get("success_last"), s.get("train_s")]])
+        print_table(
+            [
+                "artifact",
+                "capability",
+                "steps",
+                "rollouts",
+                "reward first",
+                "reward last",
+                "success last",
+                "train s",
+            ],
+            [
+                [
+                    a.uri,
+                    s.get("capability"),
+                    s.get("steps"),
+                    s.get("rollouts"),
+                    s.get("reward_first"),
+                    s.get("reward_last"),
+                    s.get("success_last"),
+                    s.get("train_s"),
+                ]
+            ],
+        )
         return
-    print_table(["artifact", "method", "demos", "steps", "final loss", "train s"],
-                [[a.uri, s.get("method"), s.get("demonstrations"), s.get("steps"), s.get("final_loss"), s.get("train_s")]])
+    print_table(
+        ["artifact", "method", "demos", "steps", "final loss", "train s"],
+        [
+            [
+                a.uri,
+                s.get("method"),
+                s.get("demonstrations"),
+                s.get("steps"),
+                s.get("final_loss"),
+                s.get("train_s"),
+            ]
+        ],
+    )

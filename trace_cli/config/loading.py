@@ -38,7 +38,9 @@ def load_document(path: str | Path) -> Any:
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise InputError(f"{p}: not a UTF-8 text file (byte {e.start}: {e.reason}); expected YAML or JSON") from e
+        raise InputError(
+            f"{p}: not a UTF-8 text file (byte {e.start}: {e.reason}); expected YAML or JSON"
+        ) from e
     try:
         if p.suffix == ".json":
             return json.loads(text)

@@ -60,9 +60,7 @@ def load_schema(name: str) -> dict[str, Any]:
 
 def stage_config_schemas() -> dict[str, str]:
     """Stage name -> its config schema file, for every `config/<stage>.v1.json` shipped."""
-    return {
-        n.split("/", 1)[1].split(".")[0]: n for n in _schema_files() if n.startswith("config/")
-    }
+    return {n.split("/", 1)[1].split(".")[0]: n for n in _schema_files() if n.startswith("config/")}
 
 
 def format_path(path: Iterable[Any]) -> str:
@@ -84,9 +82,7 @@ def _messages(error) -> list[tuple[list[Any], str]]:
         patterns = error.schema.get("patternProperties", {})
         import re
 
-        extra = [
-            k for k in error.instance if k not in allowed and not any(re.search(p, k) for p in patterns)
-        ]
+        extra = [k for k in error.instance if k not in allowed and not any(re.search(p, k) for p in patterns)]
         if extra:
             hint = f" (allowed: {', '.join(sorted(allowed))})" if allowed else ""
             return [(path + [k], f"unknown key{hint}") for k in extra]

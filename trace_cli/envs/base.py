@@ -75,7 +75,9 @@ def is_tool_call(action: dict[str, Any]) -> bool:
     return "name" in action
 
 
-def tool_schema(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+def tool_schema(
+    name: str, description: str, properties: dict[str, Any], required: list[str]
+) -> dict[str, Any]:
     """Build one tool definition in OpenAI function format (unknown arguments are rejected)."""
     return {
         "type": "function",

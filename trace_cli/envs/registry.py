@@ -188,7 +188,9 @@ def _load_from_store(store: Any, ref: str, **params: Any) -> Environment:
             source = (art.path / doc["module"]).read_text(encoding="utf-8")
             _MODULE_FACTORIES[key] = module_env_factory(source, merged, limits)
         return _MODULE_FACTORIES[key]()
-    raise UsageError(f"{art.uri}: environment.yaml has unknown source {doc.get('source')!r} (expected template or module)")
+    raise UsageError(
+        f"{art.uri}: environment.yaml has unknown source {doc.get('source')!r} (expected template or module)"
+    )
 
 
 def make_env(ref: str | dict[str, Any], *, store: Any = None, **params: Any) -> Environment:

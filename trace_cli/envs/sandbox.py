@@ -74,7 +74,7 @@ class Limits:
 
 
 # The child: limits, then trusted imports, then the audit hook, then the module, then the request loop.
-CHILD = r'''
+CHILD = r"""
 import json, os, resource, sys, traceback
 
 def _main():
@@ -229,7 +229,7 @@ def _main():
         proto.write(text + "\n")
 
 _main()
-'''
+"""
 
 
 @cache
@@ -271,11 +271,26 @@ class SandboxWorker:
         self.module_path.write_text(source, encoding="utf-8")
         self._stderr = open(self.dir / "stderr.log", "wb")  # noqa: SIM115 - closed in close()
         self.network_isolation = "unshare" if isolation_prefix() else "audit-hook"
-        cmd = [*isolation_prefix(), sys.executable, "-I", "-B", "-c", CHILD, str(self.dir), str(self.module_path),
-               json.dumps(self.limits.to_dict())]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
-                                     cwd=self.dir, start_new_session=True,
-                                     env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"})
+        cmd = [
+            *isolation_prefix(),
+            sys.executable,
+            "-I",
+            "-B",
+            "-c",
+            CHILD,
+            str(self.dir),
+            str(self.module_path),
+            json.dumps(self.limits.to_dict()),
+        ]
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            cwd=self.dir,
+            start_new_session=True,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"},
+        )
         self._buf = b""
         self.dead: str | None = None
         self._finalizer = weakref.finalize(self, _cleanup, self.proc, self.dir, self._stderr)
@@ -334,8 +349,10 @@ class SandboxWorker:
         if not reply.get("ok"):
             if reply.get("etype") == "MemoryError":
                 self._die(f"memory limit exceeded ({self.limits.memory_mb} MB) in {op}()")
-            raise SandboxError(f"the module raised {reply.get('etype')} in {op}(): {reply.get('error')}",
-                               reply.get("trace", ""))
+            raise SandboxError(
+                f"the module raised {reply.get('etype')} in {op}(): {reply.get('error')}",
+                reply.get("trace", ""),
+            )
         return reply.get("result")
 
     def _die(self, reason: str):
@@ -351,7 +368,9 @@ class SandboxWorker:
         while b"\n" not in self._buf:
             left = deadline - time.monotonic()
             if left <= 0:
-                self._die(f"timed out: no answer to {op}() within {self.limits.timeout_s:g} s (an endless loop?)")
+                self._die(
+                    f"timed out: no answer to {op}() within {self.limits.timeout_s:g} s (an endless loop?)"
+                )
             ready, _, _ = select.select([fd], [], [], min(left, 1.0))
             if not ready:
                 continue
@@ -468,9 +487,16 @@ class ModuleVerdict:
     network_isolation: str = ""
 
 
-def check_module(source: str, params: dict[str, Any] | None = None, limits: Limits | None = None, *,
-                 reference_seeds: int = 100, determinism_seeds: int = 10, do_nothing_seeds: int = 50,
-                 leakage_seeds: int = 50) -> ModuleVerdict:
+def check_module(
+    source: str,
+    params: dict[str, Any] | None = None,
+    limits: Limits | None = None,
+    *,
+    reference_seeds: int = 100,
+    determinism_seeds: int = 10,
+    do_nothing_seeds: int = 50,
+    leakage_seeds: int = 50,
+) -> ModuleVerdict:
     """Load the module in a sandbox and run the template checks on it; never raises for a bad module."""
     from trace_cli.envs.synthetic.checks import run_checks
 
@@ -479,14 +505,21 @@ def check_module(source: str, params: dict[str, Any] | None = None, limits: Limi
     except (SandboxViolation, SandboxError) as e:
         return ModuleVerdict(False, e.reason)
     try:
-        results = run_checks(lambda: SandboxedEnv(worker, params), reference_seeds=reference_seeds,
-                             determinism_seeds=determinism_seeds, do_nothing_seeds=do_nothing_seeds,
-                             leakage_seeds=leakage_seeds)
+        results = run_checks(
+            lambda: SandboxedEnv(worker, params),
+            reference_seeds=reference_seeds,
+            determinism_seeds=determinism_seeds,
+            do_nothing_seeds=do_nothing_seeds,
+            leakage_seeds=leakage_seeds,
+        )
     except (SandboxViolation, SandboxError) as e:
         return ModuleVerdict(False, e.reason, network_isolation=worker.network_isolation)
     except Exception as e:  # noqa: BLE001 - malformed answers (wrong types) are the module's fault
-        return ModuleVerdict(False, f"the module's answers are malformed: {type(e).__name__}: {e}",
-                             network_isolation=worker.network_isolation)
+        return ModuleVerdict(
+            False,
+            f"the module's answers are malformed: {type(e).__name__}: {e}",
+            network_isolation=worker.network_isolation,
+        )
     finally:
         worker.close()
     failed = [r for r in results if not r.passed]

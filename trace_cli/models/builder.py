@@ -22,11 +22,25 @@ from typing import Any
 
 PRESETS: dict[str, dict[str, Any]] = {
     # ~0.2 M parameters: unit tests, seconds to build and to train a few steps.
-    "tiny": {"vocab_size": 1024, "hidden_size": 64, "intermediate_size": 192, "num_hidden_layers": 2,
-             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16},
+    "tiny": {
+        "vocab_size": 1024,
+        "hidden_size": 64,
+        "intermediate_size": 192,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+    },
     # ~3 M parameters: the demo's base agent, trained on CPU in minutes.
-    "small": {"vocab_size": 6144, "hidden_size": 192, "intermediate_size": 576, "num_hidden_layers": 4,
-              "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 32},
+    "small": {
+        "vocab_size": 6144,
+        "hidden_size": 192,
+        "intermediate_size": 576,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 6,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+    },
 }
 # Enters the `model` stage's artifact id with the resolved preset: bump it when a change here makes the same
 # config build a different model or tokenizer, so stores do not keep serving the old build as "up to date".
@@ -81,10 +95,12 @@ def build_tokenizer(texts: list[str], vocab_size: int):
     from trace_cli.models.templates import qwen3_template
 
     t = Tokenizer(models.BPE())
-    t.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r"\d{1,3}|\n"), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    t.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r"\d{1,3}|\n"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     t.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -130,8 +146,16 @@ def build_model(tokenizer, preset: str, seed: int, arch: dict[str, Any] | None =
     return model
 
 
-def build(out_dir: Path, *, preset: str, seed: int, envs: list[str], corpus_seeds: int,
-          vocab_size: int | None = None, arch: dict[str, Any] | None = None) -> dict[str, Any]:
+def build(
+    out_dir: Path,
+    *,
+    preset: str,
+    seed: int,
+    envs: list[str],
+    corpus_seeds: int,
+    vocab_size: int | None = None,
+    arch: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Train the tokenizer, build the model, save both in Hugging Face format; return a summary."""
     texts = list(corpus(envs, corpus_seeds, seed))
     tok = build_tokenizer(texts, vocab_size or PRESETS[preset]["vocab_size"])

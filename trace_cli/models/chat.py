@@ -56,8 +56,14 @@ def parse_assistant(text: str) -> list[dict[str, Any]]:
     return actions or [{"malformed": body, "error": "empty tool call"}]
 
 
-def render(tokenizer, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, *,
-           add_generation_prompt: bool, template: str | None = None) -> str:
+def render(
+    tokenizer,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    *,
+    add_generation_prompt: bool,
+    template: str | None = None,
+) -> str:
     """The prompt text for `messages` (system first) with the training (prefix-preserving) template."""
     from trace_cli.models.templates import qwen3_training_template
 

@@ -49,7 +49,9 @@ class DemonstrationPolicy(ReferencePolicy):
             elif demo is None:
                 # an environment without named deficits (e.g. a synthesized one): stop half-way and close,
                 # the generic way of "not finishing the job" (partial credit where the env grades it)
-                plan = plan[: max(1, len(plan) // 2)] + [{"content": "Is there anything else I can help with?"}]
+                plan = plan[: max(1, len(plan) // 2)] + [
+                    {"content": "Is there anything else I can help with?"}
+                ]
         state.turns.append({"plan": plan})
 
 
@@ -89,16 +91,34 @@ class RandomPolicy:
                 args = {k: _random_value(v, rng) for k, v in props.items()}
                 out.append([{"name": fn["name"], "arguments": args}])
             else:
-                out.append([{"content": rng.choice(["Done.", "Can you tell me more?", "I cannot help with that.", "Sure."])}])
+                out.append(
+                    [
+                        {
+                            "content": rng.choice(
+                                ["Done.", "Can you tell me more?", "I cannot help with that.", "Sure."]
+                            )
+                        }
+                    ]
+                )
         return out
 
 
 class HFPolicy:
     """A transformers causal LM (optionally base + PEFT adapter): batched, left-padded, KV-cached generation."""
 
-    def __init__(self, model, tokenizer, *, temperature: float = 0.0, top_p: float = 1.0,
-                 max_new_tokens: int = 128, max_prompt_tokens: int | None = None, seed: int = 0,
-                 name: str = "hf", record_tokens: bool = False):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        max_new_tokens: int = 128,
+        max_prompt_tokens: int | None = None,
+        seed: int = 0,
+        name: str = "hf",
+        record_tokens: bool = False,
+    ):
         self.model = model
         self.tok = tokenizer
         self.temperature = temperature

@@ -28,7 +28,9 @@ def _demonstration_params(ref: str) -> tuple[set[str], float]:
     params = dict(parse_qsl(query))
     unknown = set(params) - {"deficits", "rate"}
     if unknown:
-        raise UsageError(f"{ref!r}: unknown parameter(s) {', '.join(sorted(unknown))} (expected deficits, rate)")
+        raise UsageError(
+            f"{ref!r}: unknown parameter(s) {', '.join(sorted(unknown))} (expected deficits, rate)"
+        )
     deficits = {d for d in params.get("deficits", "").split(",") if d}
     try:
         rate = float(params.get("rate", 1.0))
@@ -37,6 +39,8 @@ def _demonstration_params(ref: str) -> tuple[set[str], float]:
     if not 0.0 <= rate <= 1.0:
         raise UsageError(f"{ref!r}: rate must be a number in [0, 1]")
     return deficits, rate
+
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 _BIG = 64 << 20
 
@@ -92,7 +96,9 @@ def check_hf_dir(path: Path) -> None:
 
 def resolve_model(ref: str, store: Store | None = None) -> ModelRef:
     if not isinstance(ref, str) or not ref:
-        raise UsageError("a model reference is required (store://model/NAME, a local dir, or policy:reference)")
+        raise UsageError(
+            "a model reference is required (store://model/NAME, a local dir, or policy:reference)"
+        )
     if ref.startswith("policy:demonstration"):
         _demonstration_params(ref)  # validate now
         return ModelRef("builtin", ref, hashlib.sha256(ref.encode()).hexdigest())
@@ -106,7 +112,9 @@ def resolve_model(ref: str, store: Store | None = None) -> ModelRef:
             raise UsageError(f"{ref}: a model reference must be a directory, not a file")
         check_hf_dir(p)
         return ModelRef("hf", str(p), dir_digest(p), path=p.resolve())
-    if store is not None and (ref.startswith("store://") or not ("/" in ref and not ref.startswith("store://"))):
+    if store is not None and (
+        ref.startswith("store://") or not ("/" in ref and not ref.startswith("store://"))
+    ):
         try:
             art = store.resolve(ref)
         except NotFoundError:
@@ -116,11 +124,21 @@ def resolve_model(ref: str, store: Store | None = None) -> ModelRef:
         if art is not None:
             if art.kind == "model":
                 check_hf_dir(art.path / "hf")
-                return ModelRef("hf", art.uri, art.digest, path=art.path / "hf", artifact_id=art.id, artifact_kind="model")
+                return ModelRef(
+                    "hf", art.uri, art.digest, path=art.path / "hf", artifact_id=art.id, artifact_kind="model"
+                )
             if art.kind == "adapter":
                 base_ref = adapter_base(art, store)
-                return ModelRef("adapter", art.uri, art.digest, path=base_ref.path, adapter_path=art.path / "adapter",
-                                artifact_id=art.id, artifact_kind="adapter", extra={"base": base_ref.display})
+                return ModelRef(
+                    "adapter",
+                    art.uri,
+                    art.digest,
+                    path=base_ref.path,
+                    adapter_path=art.path / "adapter",
+                    artifact_id=art.id,
+                    artifact_kind="adapter",
+                    extra={"base": base_ref.display},
+                )
             raise UsageError(f"{ref!r} is a {art.kind} artifact, not a model or adapter")
     if "/" in ref and not ref.startswith(("store://", ".", "/")):
         return _hub(ref)
@@ -186,15 +204,32 @@ def load_hf(ref: ModelRef, *, trainable_adapter: bool = False):
     return model, tok
 
 
-def load_policy(ref: ModelRef, *, temperature: float = 0.0, top_p: float = 1.0, max_new_tokens: int = 128,
-                seed: int = 0, record_tokens: bool = False):
+def load_policy(
+    ref: ModelRef,
+    *,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 128,
+    seed: int = 0,
+    record_tokens: bool = False,
+):
     from trace_cli.models import policies
 
     if ref.kind == "builtin":
         if ref.display.startswith("policy:demonstration"):
             deficits, rate = _demonstration_params(ref.display)
             return policies.DemonstrationPolicy(deficits, rate, seed)
-        return policies.ReferencePolicy() if ref.display == "policy:reference" else policies.RandomPolicy(seed)
+        return (
+            policies.ReferencePolicy() if ref.display == "policy:reference" else policies.RandomPolicy(seed)
+        )
     model, tok = load_hf(ref)
-    return policies.HFPolicy(model, tok, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
-                             seed=seed, name=ref.display, record_tokens=record_tokens)
+    return policies.HFPolicy(
+        model,
+        tok,
+        temperature=temperature,
+        top_p=top_p,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+        name=ref.display,
+        record_tokens=record_tokens,
+    )

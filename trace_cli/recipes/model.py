@@ -61,7 +61,9 @@ class Recipe:
         for s in self.steps:
             if s.id == sid:
                 return s
-        raise UsageError(f"{self.path}: no step with id {sid!r}; steps are: {', '.join(s.id for s in self.steps)}")
+        raise UsageError(
+            f"{self.path}: no step with id {sid!r}; steps are: {', '.join(s.id for s in self.steps)}"
+        )
 
     def topo_order(self) -> list[Step]:
         """Dependencies first; ties keep file order (reordering the file never changes what runs)."""
@@ -127,7 +129,9 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     raw = [
         (i, s)
         for i, s in enumerate(doc["steps"])
-        if isinstance(s, dict) and isinstance(s.get("id"), str) and isinstance(s.get("uses"), str)
+        if isinstance(s, dict)
+        and isinstance(s.get("id"), str)
+        and isinstance(s.get("uses"), str)
         and isinstance(s.get("with") or {}, dict)
     ]
     ids = [s["id"] for _, s in raw]
@@ -159,12 +163,17 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
         steps.append(step)
     for s in steps:
         if s.uses not in STAGES:
-            errors.append(f"steps[{s.index}].uses: unknown stage {s.uses!r}; expected one of: {', '.join(sorted(STAGES))}")
+            errors.append(
+                f"steps[{s.index}].uses: unknown stage {s.uses!r}; expected one of: {', '.join(sorted(STAGES))}"
+            )
             continue
         try:
             validate(s.with_, config_schema(s.uses))
         except ValidationError as ve:
-            errors += [f"steps[{s.index}].with" + ("" if e.startswith("<root>") else ".") + e.removeprefix("<root>") for e in ve.errors]
+            errors += [
+                f"steps[{s.index}].with" + ("" if e.startswith("<root>") else ".") + e.removeprefix("<root>")
+                for e in ve.errors
+            ]
         outputs_of = {t.id: get_stage(t.uses).OUTPUTS for t in steps if t.uses in STAGES}
         for path_, sid, out in s.refs():
             if sid not in all_ids:

@@ -33,17 +33,35 @@ RUNS_FILE = "capability_runs.parquet"
 CAPS_FILE = "capabilities.yaml"
 CANDIDATES_FILE = "candidates.yaml"
 
-LABELS_SCHEMA = pa.schema([
-    ("episode_id", pa.string()), ("task_id", pa.string()), ("success", pa.bool_()), ("capability", pa.string()),
-    ("run", pa.int32()), ("label", pa.string()), ("weight", pa.float64()), ("rationale", pa.string()),
-    ("analyst", pa.string()),
-])
-RUNS_SCHEMA = pa.schema([
-    ("capability", pa.string()), ("run", pa.int32()), ("er_minus", pa.float64()), ("er_plus", pa.float64()),
-    ("delta", pa.float64()), ("coverage", pa.float64()), ("passed", pa.bool_()), ("lacking_failed", pa.float64()),
-    ("present_failed", pa.float64()), ("lacking_passed", pa.float64()), ("present_passed", pa.float64()),
-    ("errors", pa.float64()),
-])
+LABELS_SCHEMA = pa.schema(
+    [
+        ("episode_id", pa.string()),
+        ("task_id", pa.string()),
+        ("success", pa.bool_()),
+        ("capability", pa.string()),
+        ("run", pa.int32()),
+        ("label", pa.string()),
+        ("weight", pa.float64()),
+        ("rationale", pa.string()),
+        ("analyst", pa.string()),
+    ]
+)
+RUNS_SCHEMA = pa.schema(
+    [
+        ("capability", pa.string()),
+        ("run", pa.int32()),
+        ("er_minus", pa.float64()),
+        ("er_plus", pa.float64()),
+        ("delta", pa.float64()),
+        ("coverage", pa.float64()),
+        ("passed", pa.bool_()),
+        ("lacking_failed", pa.float64()),
+        ("present_failed", pa.float64()),
+        ("lacking_passed", pa.float64()),
+        ("present_passed", pa.float64()),
+        ("errors", pa.float64()),
+    ]
+)
 register_table(TableSpec("labels", "diagnosis", LABELS_FILE, LABELS_SCHEMA))
 register_table(TableSpec("capability_runs", "diagnosis", RUNS_FILE, RUNS_SCHEMA))
 
@@ -55,12 +73,18 @@ def load_catalog(path: str | None = None) -> list[Candidate]:
     else:
         p = Path(path)
         if not p.is_file():
-            raise UsageError(f"candidates: {path}: no such file (use 'catalog', 'discover' or a capabilities YAML)")
+            raise UsageError(
+                f"candidates: {path}: no such file (use 'catalog', 'discover' or a capabilities YAML)"
+            )
         text, source = p.read_text(encoding="utf-8"), str(p)
     doc = yaml.safe_load(text)
     validate(doc, "capabilities.v1.json", source=source)
-    return [Candidate(c["name"], " ".join(c["description"].split()), bool(c.get("distractor")), c.get("examples", []))
-            for c in doc["capabilities"]]
+    return [
+        Candidate(
+            c["name"], " ".join(c["description"].split()), bool(c.get("distractor")), c.get("examples", [])
+        )
+        for c in doc["capabilities"]
+    ]
 
 
 def _episodes(art: Artifact) -> list[dict[str, Any]]:
@@ -82,16 +106,22 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
         n_fail = len(eps) - n_pass
     if n_fail == 0 or n_pass == 0:
         what = "no failures" if n_fail == 0 else "no successes"
-        raise UsageError(f"{art.uri} has {what} ({n_pass} passed, {n_fail} failed): the contrast between failed "
-                         "and successful trajectories is undefined; evaluate on more or harder tasks")
+        raise UsageError(
+            f"{art.uri} has {what} ({n_pass} passed, {n_fail} failed): the contrast between failed "
+            "and successful trajectories is undefined; evaluate on more or harder tasks"
+        )
     llm = cfg.get("llm") or {}
     if cfg["analyst"] == "openai" and not (llm.get("base_url") and llm.get("model")):
-        raise UsageError("the openai analyst needs llm.base_url and llm.model (e.g. --base-url http://127.0.0.1:8000/v1 --llm-model NAME)")
+        raise UsageError(
+            "the openai analyst needs llm.base_url and llm.model (e.g. --base-url http://127.0.0.1:8000/v1 --llm-model NAME)"
+        )
     if cfg["analyst"] == "hf" and not llm.get("model"):
         raise UsageError("the hf analyst needs llm.model (a local model dir or store://model/NAME)")
     if cfg["candidates"] == "discover":
         if cfg["analyst"] == "rules":
-            raise UsageError("candidates: discover needs an LLM analyst (openai or hf); rules only labels the catalogue")
+            raise UsageError(
+                "candidates: discover needs an LLM analyst (openai or hf); rules only labels the catalogue"
+            )
         cand_id: Any = "discover"
     else:
         cands = load_catalog(cfg["candidates"])
@@ -151,26 +181,37 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
         cands = load_catalog(cfg["candidates"])
         if cfg.get("capabilities"):
             cands = [c for c in cands if c.name in set(cfg["capabilities"])]
-    bootstrap = cfg["resample"] == "bootstrap" or (cfg["resample"] == "auto" and getattr(analyst, "deterministic", False))
+    bootstrap = cfg["resample"] == "bootstrap" or (
+        cfg["resample"] == "auto" and getattr(analyst, "deterministic", False)
+    )
     by_id = {e["episode_id"]: e for e in eps}
     labels = []
     fixed = analyst.label(eps, cands, 0, cfg["seed"]) if getattr(analyst, "deterministic", False) else None
     for r in range(cfg["runs"]):
-        run_labels = ([type(lb)(lb.episode_id, lb.capability, r, lb.label, lb.rationale) for lb in fixed]
-                      if fixed is not None else analyst.label(eps, cands, r, cfg["seed"] + r))
+        run_labels = (
+            [type(lb)(lb.episode_id, lb.capability, r, lb.label, lb.rationale) for lb in fixed]
+            if fixed is not None
+            else analyst.label(eps, cands, r, cfg["seed"] + r)
+        )
         w = _weights(eps, r, cfg["seed"], bootstrap)
         for lb in run_labels:
             labels.append((lb, w.get(lb.episode_id, 0.0)))
     n_err = sum(1 for lb, _ in labels if lb.label == "ERROR")
     if n_err:
-        print(f"warning: {n_err} of {len(labels)} labels are ERROR (the {cfg['analyst']} analyst gave no usable "
-              "answer); they are left out of the counts", file=sys.stderr)
+        print(
+            f"warning: {n_err} of {len(labels)} labels are ERROR (the {cfg['analyst']} analyst gave no usable "
+            "answer); they are left out of the counts",
+            file=sys.stderr,
+        )
     per_run: dict[str, list] = {c.name: [] for c in cands}
     examples: dict[str, list[str]] = {c.name: [] for c in cands}
     for c in cands:
         for r in range(cfg["runs"]):
-            rows = [(by_id[lb.episode_id]["success"], lb.label, w) for lb, w in labels
-                    if lb.capability == c.name and lb.run == r]
+            rows = [
+                (by_id[lb.episode_id]["success"], lb.label, w)
+                for lb, w in labels
+                if lb.capability == c.name and lb.run == r
+            ]
             per_run[c.name].append(run_stats(rows))
         seen = []
         for lb, _w in labels:
@@ -179,14 +220,23 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
                 if tid not in seen:
                     seen.append(tid)
         examples[c.name] = seen
-    sel = select(per_run, rho=cfg["coverage_min"], delta=cfg["delta_min"], k=cfg["min_runs"], examples=examples)
+    sel = select(
+        per_run, rho=cfg["coverage_min"], delta=cfg["delta_min"], k=cfg["min_runs"], examples=examples
+    )
     desc = {c.name: c for c in cands}
 
     def entry(s) -> dict[str, Any]:
-        d = {"name": s.capability, "description": desc[s.capability].description,
-             "mean_delta": round(s.mean_delta, 4), "std_delta": round(s.std_delta, 4),
-             "mean_coverage": round(s.mean_coverage, 4), "std_coverage": round(s.std_coverage, 4),
-             "runs_passed": s.runs_passed, "runs_total": len(s.runs), "example_failed_task_ids": s.example_failed}
+        d = {
+            "name": s.capability,
+            "description": desc[s.capability].description,
+            "mean_delta": round(s.mean_delta, 4),
+            "std_delta": round(s.std_delta, 4),
+            "mean_coverage": round(s.mean_coverage, 4),
+            "std_coverage": round(s.std_coverage, 4),
+            "runs_passed": s.runs_passed,
+            "runs_total": len(s.runs),
+            "example_failed_task_ids": s.example_failed,
+        }
         if desc[s.capability].distractor:
             d["distractor"] = True
         if not s.selected:
@@ -201,31 +251,79 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
 
     n_fail = sum(1 for e in eps if not e["success"])
     doc = {
-        "kind": "diagnosis", "version": 1, "rollouts": art.uri, "analyst": cfg["analyst"],
-        "thresholds": {"coverage_min": cfg["coverage_min"], "delta_min": cfg["delta_min"], "runs": cfg["runs"],
-                       "min_runs": cfg["min_runs"], "resample": "bootstrap" if bootstrap else "none"},
+        "kind": "diagnosis",
+        "version": 1,
+        "rollouts": art.uri,
+        "analyst": cfg["analyst"],
+        "thresholds": {
+            "coverage_min": cfg["coverage_min"],
+            "delta_min": cfg["delta_min"],
+            "runs": cfg["runs"],
+            "min_runs": cfg["min_runs"],
+            "resample": "bootstrap" if bootstrap else "none",
+        },
         "episodes": {"failed": n_fail, "passed": len(eps) - n_fail},
         "selected": [entry(s) for s in sel if s.selected],
         "rejected": [entry(s) for s in sel if not s.selected],
     }
     validate(doc, "diagnosis.v1.json", source=CAPS_FILE)
-    with store.writer("diagnosis", NAME, cfg, prepared.inputs, name=name, overrides=overrides, seed=cfg["seed"],
-                      id=prepared.id, replace=replace) as w:
+    with store.writer(
+        "diagnosis",
+        NAME,
+        cfg,
+        prepared.inputs,
+        name=name,
+        overrides=overrides,
+        seed=cfg["seed"],
+        id=prepared.id,
+        replace=replace,
+    ) as w:
         (w.path / CAPS_FILE).write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=110))
-        (w.path / CANDIDATES_FILE).write_text(yaml.safe_dump(
-            {"kind": "capabilities", "version": 1, "capabilities": [c.to_dict() for c in cands]},
-            sort_keys=False, allow_unicode=True, width=110))
-        rows = [{"episode_id": lb.episode_id, "task_id": str(by_id[lb.episode_id]["task_id"]),
-                 "success": bool(by_id[lb.episode_id]["success"]), "capability": lb.capability, "run": lb.run,
-                 "label": lb.label, "weight": wt, "rationale": lb.rationale, "analyst": cfg["analyst"]}
-                for lb, wt in labels]
-        pq.write_table(pa.Table.from_pylist(rows, schema=LABELS_SCHEMA), w.path / LABELS_FILE, compression="zstd")
-        run_rows = [{"capability": s.capability, "run": i, **{k: v for k, v in rs.to_dict().items()
-                     if k in RUNS_SCHEMA.names}, "passed": p} for s in sel for i, (rs, p) in enumerate(zip(s.runs, s.passed, strict=True))]
+        (w.path / CANDIDATES_FILE).write_text(
+            yaml.safe_dump(
+                {"kind": "capabilities", "version": 1, "capabilities": [c.to_dict() for c in cands]},
+                sort_keys=False,
+                allow_unicode=True,
+                width=110,
+            )
+        )
+        rows = [
+            {
+                "episode_id": lb.episode_id,
+                "task_id": str(by_id[lb.episode_id]["task_id"]),
+                "success": bool(by_id[lb.episode_id]["success"]),
+                "capability": lb.capability,
+                "run": lb.run,
+                "label": lb.label,
+                "weight": wt,
+                "rationale": lb.rationale,
+                "analyst": cfg["analyst"],
+            }
+            for lb, wt in labels
+        ]
+        pq.write_table(
+            pa.Table.from_pylist(rows, schema=LABELS_SCHEMA), w.path / LABELS_FILE, compression="zstd"
+        )
+        run_rows = [
+            {
+                "capability": s.capability,
+                "run": i,
+                **{k: v for k, v in rs.to_dict().items() if k in RUNS_SCHEMA.names},
+                "passed": p,
+            }
+            for s in sel
+            for i, (rs, p) in enumerate(zip(s.runs, s.passed, strict=True))
+        ]
         pq.write_table(pa.Table.from_pylist(run_rows, schema=RUNS_SCHEMA), w.path / RUNS_FILE)
-        w.summary.update({"selected": [d["name"] for d in doc["selected"]],
-                          "rejected": [d["name"] for d in doc["rejected"]],
-                          "episodes": len(eps), "failed": n_fail, "analyst": cfg["analyst"],
-                          "label_errors": n_err})
+        w.summary.update(
+            {
+                "selected": [d["name"] for d in doc["selected"]],
+                "rejected": [d["name"] for d in doc["rejected"]],
+                "episodes": len(eps),
+                "failed": n_fail,
+                "analyst": cfg["analyst"],
+                "label_errors": n_err,
+            }
+        )
 
     return {"diagnosis": w.artifact}

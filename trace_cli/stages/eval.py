@@ -21,14 +21,26 @@ OUTPUTS = {"rollouts": "rollouts", "eval": "eval"}
 RESULTS_FILE = "eval_results.parquet"
 TASKS_FILE = "task_metadata.parquet"
 
-EVAL_RESULTS_SCHEMA = pa.schema([
-    ("task_id", pa.string()), ("task_family", pa.string()), ("seed", pa.int64()), ("trials", pa.int32()),
-    ("successes", pa.int32()), ("mean_reward", pa.float64()), ("pass_hat_k", pa.string()),
-])
-TASK_META_SCHEMA = pa.schema([
-    ("task_id", pa.string()), ("task_family", pa.string()), ("seed", pa.int64()),
-    ("required_capabilities", pa.string()), ("reference_actions", pa.string()),
-])
+EVAL_RESULTS_SCHEMA = pa.schema(
+    [
+        ("task_id", pa.string()),
+        ("task_family", pa.string()),
+        ("seed", pa.int64()),
+        ("trials", pa.int32()),
+        ("successes", pa.int32()),
+        ("mean_reward", pa.float64()),
+        ("pass_hat_k", pa.string()),
+    ]
+)
+TASK_META_SCHEMA = pa.schema(
+    [
+        ("task_id", pa.string()),
+        ("task_family", pa.string()),
+        ("seed", pa.int64()),
+        ("required_capabilities", pa.string()),
+        ("reference_actions", pa.string()),
+    ]
+)
 register_table(TableSpec("eval_results", "eval", RESULTS_FILE, EVAL_RESULTS_SCHEMA))
 register_table(TableSpec("task_metadata", "eval", TASKS_FILE, TASK_META_SCHEMA))
 
@@ -81,11 +93,17 @@ def summarize(rows: list[dict[str, Any]], trials: int) -> tuple[dict[str, Any], 
     per_task = []
     for tid, eps in by_task.items():
         c, n = sum(e["success"] for e in eps), len(eps)
-        per_task.append({
-            "task_id": tid, "task_family": eps[0]["task_family"], "seed": eps[0]["seed"], "trials": n,
-            "successes": c, "mean_reward": sum(e["reward"] for e in eps) / n,
-            "pass_hat_k": {str(k): pass_hat_k(c, n, k) for k in ks},
-        })
+        per_task.append(
+            {
+                "task_id": tid,
+                "task_family": eps[0]["task_family"],
+                "seed": eps[0]["seed"],
+                "trials": n,
+                "successes": c,
+                "mean_reward": sum(e["reward"] for e in eps) / n,
+                "pass_hat_k": {str(k): pass_hat_k(c, n, k) for k in ks},
+            }
+        )
 
     def agg(tasks: list[dict[str, Any]]) -> dict[str, Any]:
         n_eps = sum(t["trials"] for t in tasks)
@@ -114,56 +132,126 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
 
     cfg = prepared.config
     seeds: list[int] = prepared.extra["seeds"]
-    policy = load_policy(prepared.extra["model"], temperature=cfg["temperature"], top_p=cfg["top_p"],
-                         max_new_tokens=cfg["max_new_tokens"], seed=cfg["seed"])
+    policy = load_policy(
+        prepared.extra["model"],
+        temperature=cfg["temperature"],
+        top_p=cfg["top_p"],
+        max_new_tokens=cfg["max_new_tokens"],
+        seed=cfg["seed"],
+    )
     jobs = [(s, t) for s in seeds for t in range(cfg["trials"])]
     import time
 
     t0 = time.monotonic()
     with Bar(len(jobs), f"eval {cfg['model']}") as bar:
-        results = rollout(policy, lambda: make_env(cfg["env"], store=store), jobs, max_turns=cfg["max_turns"],
-                          batch_size=cfg["batch_size"], on_done=lambda r: bar.advance())
+        results = rollout(
+            policy,
+            lambda: make_env(cfg["env"], store=store),
+            jobs,
+            max_turns=cfg["max_turns"],
+            batch_size=cfg["batch_size"],
+            on_done=lambda r: bar.advance(),
+        )
     wall = time.monotonic() - t0
     episodes, calls, metas = [], [], {}
     for r in results:
         eid = f"{r.task_id}-t{r.trial}"
         meta = r.metadata or {}
         ref = meta.get("reference_actions")
-        episodes.append({
-            "episode_id": eid, "source": f"eval:{prepared.id}", "env": r.env, "domain": r.env,
-            "task_id": r.task_id, "task_family": meta.get("family"), "trial": r.trial, "seed": r.seed,
-            "reward": r.reward, "success": r.success, "termination_reason": r.termination,
-            "n_turns": r.n_actions, "messages": json.dumps(r.messages, ensure_ascii=False),
-            "tools": json.dumps(r.tools, ensure_ascii=False),
-            "reference_actions": None if ref is None else json.dumps(ref, ensure_ascii=False),
-            "info": json.dumps({"policy": cfg["model"], "breakdown": r.breakdown, "gen_tokens": r.gen_tokens,
-                                "n_errors": r.n_errors}, ensure_ascii=False, default=str),
-        })
+        episodes.append(
+            {
+                "episode_id": eid,
+                "source": f"eval:{prepared.id}",
+                "env": r.env,
+                "domain": r.env,
+                "task_id": r.task_id,
+                "task_family": meta.get("family"),
+                "trial": r.trial,
+                "seed": r.seed,
+                "reward": r.reward,
+                "success": r.success,
+                "termination_reason": r.termination,
+                "n_turns": r.n_actions,
+                "messages": json.dumps(r.messages, ensure_ascii=False),
+                "tools": json.dumps(r.tools, ensure_ascii=False),
+                "reference_actions": None if ref is None else json.dumps(ref, ensure_ascii=False),
+                "info": json.dumps(
+                    {
+                        "policy": cfg["model"],
+                        "breakdown": r.breakdown,
+                        "gen_tokens": r.gen_tokens,
+                        "n_errors": r.n_errors,
+                    },
+                    ensure_ascii=False,
+                    default=str,
+                ),
+            }
+        )
         rows = tool_call_rows(eid, r.messages)
         episodes[-1]["n_tool_calls"] = len(rows)
         calls.extend(rows)
-        metas[r.task_id] = {"task_id": r.task_id, "task_family": meta.get("family"), "seed": r.seed,
-                            "required_capabilities": json.dumps(meta.get("required_capabilities") or []),
-                            "reference_actions": None if ref is None else json.dumps(ref)}
-    rows_for_summary = [{"task_id": e["task_id"], "task_family": e["task_family"], "seed": e["seed"],
-                         "success": e["success"], "reward": e["reward"]} for e in episodes]
+        metas[r.task_id] = {
+            "task_id": r.task_id,
+            "task_family": meta.get("family"),
+            "seed": r.seed,
+            "required_capabilities": json.dumps(meta.get("required_capabilities") or []),
+            "reference_actions": None if ref is None else json.dumps(ref),
+        }
+    rows_for_summary = [
+        {
+            "task_id": e["task_id"],
+            "task_family": e["task_family"],
+            "seed": e["seed"],
+            "success": e["success"],
+            "reward": e["reward"],
+        }
+        for e in episodes
+    ]
     summary, per_task = summarize(rows_for_summary, cfg["trials"])
     gen_tokens = sum(r.gen_tokens for r in results)
     summary["wall_s"] = round(wall, 2)
     summary["episodes_per_s"] = round(len(results) / wall, 3) if wall > 0 else None
     summary["gen_tokens_per_s"] = round(gen_tokens / wall, 1) if wall > 0 else None
-    with store.writer("rollouts", NAME, cfg, prepared.inputs, name=name, overrides=overrides, seed=cfg["seed"],
-                      id=prepared.id, replace=replace) as w:
+    with store.writer(
+        "rollouts",
+        NAME,
+        cfg,
+        prepared.inputs,
+        name=name,
+        overrides=overrides,
+        seed=cfg["seed"],
+        id=prepared.id,
+        replace=replace,
+    ) as w:
         write_tables(w.path, episodes, calls)
         n_succ = sum(e["success"] for e in episodes)
-        w.summary.update({"episodes": len(episodes), "successes": n_succ, "failures": len(episodes) - n_succ,
-                          "tool_calls": len(calls), "env": str(cfg["env"]), "model": cfg["model"]})
+        w.summary.update(
+            {
+                "episodes": len(episodes),
+                "successes": n_succ,
+                "failures": len(episodes) - n_succ,
+                "tool_calls": len(calls),
+                "env": str(cfg["env"]),
+                "model": cfg["model"],
+            }
+        )
     rollouts_art = w.artifact
-    with store.writer("eval", NAME, cfg, prepared.inputs, name=name, overrides=overrides, seed=cfg["seed"],
-                      id=prepared.id, replace=replace) as w:
+    with store.writer(
+        "eval",
+        NAME,
+        cfg,
+        prepared.inputs,
+        name=name,
+        overrides=overrides,
+        seed=cfg["seed"],
+        id=prepared.id,
+        replace=replace,
+    ) as w:
         table_rows = [{**t, "pass_hat_k": json.dumps(t["pass_hat_k"])} for t in per_task]
         pq.write_table(pa.Table.from_pylist(table_rows, schema=EVAL_RESULTS_SCHEMA), w.path / RESULTS_FILE)
-        pq.write_table(pa.Table.from_pylist(list(metas.values()), schema=TASK_META_SCHEMA), w.path / TASKS_FILE)
+        pq.write_table(
+            pa.Table.from_pylist(list(metas.values()), schema=TASK_META_SCHEMA), w.path / TASKS_FILE
+        )
         w.summary.update(summary)
         w.summary["rollouts"] = rollouts_art.uri
     return {"rollouts": rollouts_art, "eval": w.artifact}

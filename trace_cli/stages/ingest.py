@@ -100,7 +100,11 @@ def _tau2_messages(raw: list[Any], where: str) -> tuple[list[dict[str, Any]], li
                         problems.append(
                             f"messages[{i}].tool_calls[{k}].arguments: expected an object, got {_type_name(args)}"
                         )
-                    entry = {"id": tc.get("id"), "type": "function", "function": {"name": tc["name"], "arguments": args}}
+                    entry = {
+                        "id": tc.get("id"),
+                        "type": "function",
+                        "function": {"name": tc["name"], "arguments": args},
+                    }
                     if tc.get("requestor"):
                         entry["requestor"] = tc["requestor"]
                     norm.append(entry)
@@ -239,7 +243,9 @@ def _tau2_records(
 ) -> tuple[list[tuple[dict, list[tuple]]], list[RecordError]]:
     if not isinstance(doc, dict) or "simulations" not in doc:
         got = sorted(doc)[:6] if isinstance(doc, dict) else _type_name(doc)
-        raise InputError(f"{path}: not a τ²-bench results file: expected an object with `simulations` (got {got})")
+        raise InputError(
+            f"{path}: not a τ²-bench results file: expected an object with `simulations` (got {got})"
+        )
     sims = doc["simulations"]
     if not isinstance(sims, list):
         raise InputError(f"{path}: `simulations` must be an array, got {_type_name(sims)}")
@@ -249,7 +255,9 @@ def _tau2_records(
     env_info = _mapping(info.get("environment_info"), path, "info.environment_info")
     domain = env_info.get("domain_name")
     if domain is not None and not isinstance(domain, str):
-        raise InputError(f"{path}: info.environment_info.domain_name: expected a string, got {_type_name(domain)}")
+        raise InputError(
+            f"{path}: info.environment_info.domain_name: expected a string, got {_type_name(domain)}"
+        )
     tools = env_info.get("tool_defs")
     agent_llm = _mapping(info.get("agent_info"), path, "info.agent_info").get("llm")
     tasks = _tau2_tasks(doc.get("tasks"), path, fast)
@@ -319,13 +327,19 @@ def _tau2_records(
                 acts = (task.get("evaluation_criteria") or {}).get("actions") or None
                 if acts:
                     ref_actions = [
-                        {"name": a.get("name"), "arguments": a.get("arguments", {}), "requestor": a.get("requestor")}
+                        {
+                            "name": a.get("name"),
+                            "arguments": a.get("arguments", {}),
+                            "requestor": a.get("requestor"),
+                        }
                         for a in acts
                     ]
             ref_json = refs_json[str(task_id)] = enc(ref_actions)
         extra = {
             "agent_llm": agent_llm,
-            "reward_breakdown": {k: v for k, v in ri.items() if k in ("db_check", "reward_basis", "reward_breakdown")},
+            "reward_breakdown": {
+                k: v for k, v in ri.items() if k in ("db_check", "reward_basis", "reward_breakdown")
+            },
             "communicate_info": ((task or {}).get("evaluation_criteria") or {}).get("communicate_info"),
         }
         ep = {
@@ -423,7 +437,11 @@ def _parse_jsonl(path: Path, source: str) -> tuple[list[tuple[dict, list[tuple]]
                 rec = json.loads(text)
             except json.JSONDecodeError as e:
                 bad.append(
-                    RecordError(f"line {lineno}", [f"not valid JSON ({e.msg} at column {e.colno}); truncated line?"], text)
+                    RecordError(
+                        f"line {lineno}",
+                        [f"not valid JSON ({e.msg} at column {e.colno}); truncated line?"],
+                        text,
+                    )
                 )
                 continue
             out = _jsonl_record(rec, lineno, source, seen, fast=False)
@@ -544,14 +562,28 @@ def _run(prepared: Prepared, store: Store, *, name, overrides, replace) -> dict[
     if not good:
         raise InputError(f"{path}: no valid records (all {len(bad)} rejected); nothing was written")
     with store.writer(
-        "rollouts", NAME, prepared.config, prepared.inputs, name=name, overrides=overrides, id=prepared.id, replace=replace
+        "rollouts",
+        NAME,
+        prepared.config,
+        prepared.inputs,
+        name=name,
+        overrides=overrides,
+        id=prepared.id,
+        replace=replace,
     ) as w:
         calls = [r for _, rows in good for r in rows]
-        write_tables(w.path, _episodes_table([ep for ep, _ in good]), rows_table(calls, TOOL_CALLS_SCHEMA, text=_TEXT_COLUMNS))
+        write_tables(
+            w.path,
+            _episodes_table([ep for ep, _ in good]),
+            rows_table(calls, TOOL_CALLS_SCHEMA, text=_TEXT_COLUMNS),
+        )
         if bad:
             with open(w.path / layout.REJECTS, "w", encoding="utf-8") as f:
                 for b in bad:
-                    f.write(json.dumps({"where": b.where, "errors": b.problems, "record": b.raw}, default=str) + "\n")
+                    f.write(
+                        json.dumps({"where": b.where, "errors": b.problems, "record": b.raw}, default=str)
+                        + "\n"
+                    )
         n_succ = sum(1 for ep, _ in good if ep["success"])
         w.summary.update(
             {

@@ -34,9 +34,25 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
     from trace_cli.models.builder import build
 
     cfg = prepared.config
-    with store.writer("model", NAME, cfg, [], name=name, overrides=overrides, seed=cfg["seed"], id=prepared.id,
-                      replace=replace) as w:
-        summary = build(w.path / "hf", preset=cfg["preset"], seed=cfg["seed"], envs=cfg["envs"],
-                        corpus_seeds=cfg["corpus_seeds"], vocab_size=cfg.get("vocab_size"), arch=cfg.get("arch"))
+    with store.writer(
+        "model",
+        NAME,
+        cfg,
+        [],
+        name=name,
+        overrides=overrides,
+        seed=cfg["seed"],
+        id=prepared.id,
+        replace=replace,
+    ) as w:
+        summary = build(
+            w.path / "hf",
+            preset=cfg["preset"],
+            seed=cfg["seed"],
+            envs=cfg["envs"],
+            corpus_seeds=cfg["corpus_seeds"],
+            vocab_size=cfg.get("vocab_size"),
+            arch=cfg.get("arch"),
+        )
         w.summary.update(summary)
     return {"model": w.artifact}

@@ -37,12 +37,23 @@ SAMPLES_FILE = "samples.jsonl"
 MODULE_FILE = "module.py"
 MODULES_DIR = "modules"
 
-CALIBRATION_SCHEMA = pa.schema([
-    ("capability", pa.string()), ("attempt", pa.int32()), ("params", pa.string()), ("seeds", pa.int32()),
-    ("rollouts", pa.int32()), ("mean_reward", pa.float64()), ("mean_success", pa.float64()),
-    ("frac_all0", pa.float64()), ("frac_all1", pa.float64()), ("frac_constant_reward", pa.float64()),
-    ("in_band", pa.bool_()), ("wall_s", pa.float64()), ("next", pa.string()),
-])
+CALIBRATION_SCHEMA = pa.schema(
+    [
+        ("capability", pa.string()),
+        ("attempt", pa.int32()),
+        ("params", pa.string()),
+        ("seeds", pa.int32()),
+        ("rollouts", pa.int32()),
+        ("mean_reward", pa.float64()),
+        ("mean_success", pa.float64()),
+        ("frac_all0", pa.float64()),
+        ("frac_all1", pa.float64()),
+        ("frac_constant_reward", pa.float64()),
+        ("in_band", pa.bool_()),
+        ("wall_s", pa.float64()),
+        ("next", pa.string()),
+    ]
+)
 register_table(TableSpec("calibration", "environment", CALIBRATION_FILE, CALIBRATION_SCHEMA))
 
 
@@ -65,32 +76,50 @@ def resolve_target(ref: Any, store: Store) -> dict[str, Any]:
     def from_rollouts(art: Artifact) -> dict[str, Any]:
         tools = recover_tools(art)
         if not tools:
-            raise UsageError(f"target {art.uri}: its episodes have no tool definitions and no tool calls to recover "
-                             "tools from")
-        return {"kind": "rollouts", "ref": art.uri, "tools": tools, "identity": {"rollouts": art.id},
-                "inputs": [art.as_input("target")], "artifact": art.uri}
+            raise UsageError(
+                f"target {art.uri}: its episodes have no tool definitions and no tool calls to recover "
+                "tools from"
+            )
+        return {
+            "kind": "rollouts",
+            "ref": art.uri,
+            "tools": tools,
+            "identity": {"rollouts": art.id},
+            "inputs": [art.as_input("target")],
+            "artifact": art.uri,
+        }
 
     if isinstance(ref, str) and (ref.startswith("store://") or ref.split("/", 1)[0] in ("rollouts",)):
         art = store.resolve(ref)
         if art.kind != "rollouts":
-            raise UsageError(f"target {ref!r} is a {art.kind} artifact; expected a registered environment "
-                             "(e.g. shop) or a rollouts artifact")
+            raise UsageError(
+                f"target {ref!r} is a {art.kind} artifact; expected a registered environment "
+                "(e.g. shop) or a rollouts artifact"
+            )
         return from_rollouts(art)
     name, _ = parse_env_ref(ref)
     if name not in list_envs():
         try:
             return from_rollouts(store.resolve(name, kind="rollouts"))
         except NotFoundError:
-            raise NotFoundError(f"target {ref!r} is neither a registered environment ({', '.join(list_envs())}) "
-                                "nor a rollouts artifact in the store") from None
+            raise NotFoundError(
+                f"target {ref!r} is neither a registered environment ({', '.join(list_envs())}) "
+                "nor a rollouts artifact in the store"
+            ) from None
     env = make_env(ref)
     tools: dict[str, Any] = {}
     for seed in range(24):  # the union of the tools the target exposes over its task families
         for t in env.reset(seed).tools:
             tools.setdefault(t["function"]["name"], t)
     ident = env_identity(ref)
-    return {"kind": "env", "ref": ref if isinstance(ref, str) else json.dumps(ref, sort_keys=True),
-            "tools": dict(sorted(tools.items())), "identity": ident["id"], "inputs": ident["inputs"], "artifact": None}
+    return {
+        "kind": "env",
+        "ref": ref if isinstance(ref, str) else json.dumps(ref, sort_keys=True),
+        "tools": dict(sorted(tools.items())),
+        "identity": ident["id"],
+        "inputs": ident["inputs"],
+        "artifact": None,
+    }
 
 
 # ------------------------------------------------------------------------------------------------ prepare
@@ -113,8 +142,10 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
     else:
         llm = cfg["llm"]
         if cfg["author"] == "openai" and not (llm.get("base_url") and llm.get("model")):
-            raise UsageError("the openai author needs llm.base_url and llm.model "
-                             "(e.g. --base-url http://127.0.0.1:8000/v1 --llm-model NAME)")
+            raise UsageError(
+                "the openai author needs llm.base_url and llm.model "
+                "(e.g. --base-url http://127.0.0.1:8000/v1 --llm-model NAME)"
+            )
         if cfg["author"] == "hf" and not llm.get("model"):
             raise UsageError("the hf author needs llm.model (a local model dir or store://model/NAME)")
     cal = cfg["calibration"]
@@ -123,10 +154,14 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
     train = _seed_range(cfg["seeds"]["train"], "train")
     ev = _seed_range(cfg["seeds"]["eval"], "eval")
     if train[0] < ev[1] and ev[0] < train[1]:
-        raise UsageError(f"seeds: the train range {cfg['seeds']['train']} overlaps the held-out eval range "
-                         f"{cfg['seeds']['eval']}")
+        raise UsageError(
+            f"seeds: the train range {cfg['seeds']['train']} overlaps the held-out eval range "
+            f"{cfg['seeds']['eval']}"
+        )
     if train[1] - train[0] < cal["seeds"]:
-        raise UsageError(f"calibration.seeds ({cal['seeds']}) is more than the train range {cfg['seeds']['train']} holds")
+        raise UsageError(
+            f"calibration.seeds ({cal['seeds']}) is more than the train range {cfg['seeds']['train']} holds"
+        )
     target = resolve_target(cfg["target"], store)
     model = resolve_model(cfg["model"], store)
     if cap in TEMPLATES:  # validate the difficulty parameters now, before any compute
@@ -134,8 +169,9 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
     id_config = {**cfg, "diagnosis": diag.id, "model": model.digest, "target": target["identity"]}
     inputs = [diag.as_input("diagnosis"), model.as_input("model")] + target["inputs"]
     p = Prepared(NAME, cfg, id_config, inputs, dict(OUTPUTS)).finalize()
-    p.extra.update(diagnosis=diag, diagnosis_doc=doc, capability=selected[cap], target=target, model=model,
-                   train=train)
+    p.extra.update(
+        diagnosis=diag, diagnosis_doc=doc, capability=selected[cap], target=target, model=model, train=train
+    )
     return p
 
 
@@ -147,8 +183,13 @@ def load_calibration_policy(model, store: Store, cfg: dict[str, Any]):
     from trace_cli.models.refs import load_policy
 
     cal = cfg["calibration"]
-    return load_policy(model, temperature=cal["temperature"], top_p=cal["top_p"],
-                       max_new_tokens=cal["max_new_tokens"], seed=cfg["seed"])
+    return load_policy(
+        model,
+        temperature=cal["temperature"],
+        top_p=cal["top_p"],
+        max_new_tokens=cal["max_new_tokens"],
+        seed=cfg["seed"],
+    )
 
 
 def _reseed(policy: Any, seed: int) -> Any:
@@ -172,14 +213,33 @@ def check_tools(env, target_tools: dict[str, Any], *, fallback_ok: bool) -> dict
             want = target_tools[name]["function"]
             if (fn.get("name"), fn.get("parameters")) != (want["name"], want.get("parameters")):
                 bad.append(f"{name}: the argument schema differs from the target's")
-        elif fallback_ok and name in TOOL_SCHEMAS and fn.get("parameters") == TOOL_SCHEMAS[name]["function"]["parameters"]:
+        elif (
+            fallback_ok
+            and name in TOOL_SCHEMAS
+            and fn.get("parameters") == TOOL_SCHEMAS[name]["function"]["parameters"]
+        ):
             missing.append(name)
         else:
             bad.append(f"{name}: not a tool of the target")
-    msg = (f"{len(obs.tools)} tools equal the target's" + (f" ({len(missing)} shop fallbacks: {', '.join(missing)})"
-                                                           if missing else "")) if not bad else "; ".join(bad)
-    return {"name": "tools", "passed": not bad, "seeds": 1, "message": msg,
-            "details": {"tools": [t["function"]["name"] for t in obs.tools], "fallbacks": missing, "problems": bad}}
+    msg = (
+        (
+            f"{len(obs.tools)} tools equal the target's"
+            + (f" ({len(missing)} shop fallbacks: {', '.join(missing)})" if missing else "")
+        )
+        if not bad
+        else "; ".join(bad)
+    )
+    return {
+        "name": "tools",
+        "passed": not bad,
+        "seeds": 1,
+        "message": msg,
+        "details": {
+            "tools": [t["function"]["name"] for t in obs.tools],
+            "fallbacks": missing,
+            "problems": bad,
+        },
+    }
 
 
 def _examples(store: Store, diag_doc: dict[str, Any], cap_doc: dict[str, Any], n: int = 3) -> list[str]:
@@ -203,7 +263,9 @@ def _examples(store: Store, diag_doc: dict[str, Any], cap_doc: dict[str, Any], n
     return out
 
 
-def _author(cfg: dict[str, Any], store: Store, prepared: Prepared, limits) -> tuple[str | None, list[dict[str, Any]]]:
+def _author(
+    cfg: dict[str, Any], store: Store, prepared: Prepared, limits
+) -> tuple[str | None, list[dict[str, Any]]]:
     """Ask the LLM for modules until one passes the sandboxed checks; every attempt is logged."""
     from trace_cli.envs.sandbox import check_module
     from trace_cli.envs.synthetic.author import author_messages, write_module
@@ -217,23 +279,36 @@ def _author(cfg: dict[str, Any], store: Store, prepared: Prepared, limits) -> tu
     log: list[dict[str, Any]] = []
     feedback = None
     for attempt in range(1, cfg["llm"]["attempts"] + 1):
-        msgs = author_messages(cap, cap_doc["description"], list(target["tools"].values()), examples, feedback)
+        msgs = author_messages(
+            cap, cap_doc["description"], list(target["tools"].values()), examples, feedback
+        )
         src, why = write_module(cfg["author"], llm, store, msgs, seed=cfg["seed"], attempt=attempt)
         if src is None:
             log.append({"file": None, "accepted": False, "reason": f"no usable module: {why}"})
             feedback = why
             continue
-        verdict = check_module(src, cfg["params"], limits, reference_seeds=chk["reference_seeds"],
-                               determinism_seeds=min(chk["determinism_seeds"], 10),
-                               do_nothing_seeds=min(chk["do_nothing_seeds"], 50),
-                               leakage_seeds=min(chk["leakage_seeds"], 50))
-        entry = {"file": f"{MODULES_DIR}/attempt-{attempt}.py", "accepted": verdict.accepted, "reason": verdict.reason,
-                 "source": src}
+        verdict = check_module(
+            src,
+            cfg["params"],
+            limits,
+            reference_seeds=chk["reference_seeds"],
+            determinism_seeds=min(chk["determinism_seeds"], 10),
+            do_nothing_seeds=min(chk["do_nothing_seeds"], 50),
+            leakage_seeds=min(chk["leakage_seeds"], 50),
+        )
+        entry = {
+            "file": f"{MODULES_DIR}/attempt-{attempt}.py",
+            "accepted": verdict.accepted,
+            "reason": verdict.reason,
+            "source": src,
+        }
         if verdict.accepted:
             from trace_cli.envs.sandbox import SandboxedEnv, SandboxWorker
 
             with SandboxWorker(src, limits) as w:
-                tc = check_tools(SandboxedEnv(w, cfg["params"]), target["tools"], fallback_ok=target["kind"] == "env")
+                tc = check_tools(
+                    SandboxedEnv(w, cfg["params"]), target["tools"], fallback_ok=target["kind"] == "env"
+                )
             if not tc["passed"]:
                 entry.update(accepted=False, reason=f"check tools failed: {tc['message']}")
         log.append(entry)
@@ -245,9 +320,11 @@ def _author(cfg: dict[str, Any], store: Store, prepared: Prepared, limits) -> tu
 
 def _fail_message(cap: str, cal, band: dict[str, Any]) -> str:
     b = band
-    return (f"calibration of {cap} failed after {len(cal.attempts)} attempt(s): the policy's success must be in "
-            f"[{b['band'][0]}, {b['band'][1]}] with <= {b['max_group_all0']:.0%} all-0 and <= "
-            f"{b['max_group_all1']:.0%} all-1 groups\n{cal.summary()}")
+    return (
+        f"calibration of {cap} failed after {len(cal.attempts)} attempt(s): the policy's success must be in "
+        f"[{b['band'][0]}, {b['band'][1]}] with <= {b['max_group_all0']:.0%} all-0 and <= "
+        f"{b['max_group_all1']:.0%} all-1 groups\n{cal.summary()}"
+    )
 
 
 # ------------------------------------------------------------------------------------------------ run
@@ -263,7 +340,9 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
     target = prepared.extra["target"]
     chk = cfg["checks"]
     sb = cfg["sandbox"]
-    limits = Limits(cpu_s=float(sb["cpu_s"]), memory_mb=int(sb["memory_mb"]), timeout_s=float(sb["timeout_s"]))
+    limits = Limits(
+        cpu_s=float(sb["cpu_s"]), memory_mb=int(sb["memory_mb"]), timeout_s=float(sb["timeout_s"])
+    )
     modules: list[dict[str, Any]] = []
     factories: list[Any] = []  # sandbox workers of a module, closed at the end
     module_src: str | None = None
@@ -275,9 +354,13 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
             if cfg["llm"]["fallback"] == "template" and cap in TEMPLATES:
                 fallback = "template"
             else:
-                err = CheckFailed(f"every module the {cfg['author']} author wrote for {cap} was rejected ({reasons})")
-                err.details = {"capability": cap, "modules": [{k: v for k, v in m.items() if k != "source"}
-                                                              for m in modules]}
+                err = CheckFailed(
+                    f"every module the {cfg['author']} author wrote for {cap} was rejected ({reasons})"
+                )
+                err.details = {
+                    "capability": cap,
+                    "modules": [{k: v for k, v in m.items() if k != "source"} for m in modules],
+                }
                 raise err
     if module_src is None:
         cls = TEMPLATES[cap]
@@ -299,10 +382,20 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
 
     def gate(params: dict[str, Any]) -> list[dict[str, Any]]:
         f = factory_for(params)
-        results = [r.to_dict() for r in run_checks(
-            f, reference_seeds=chk["reference_seeds"], determinism_seeds=chk["determinism_seeds"],
-            do_nothing_seeds=chk["do_nothing_seeds"], leakage_seeds=chk["leakage_seeds"], start=prepared.extra["train"][0])]
-        results.append(check_tools(f(), target["tools"], fallback_ok=target["kind"] == "env" or module_src is None))
+        results = [
+            r.to_dict()
+            for r in run_checks(
+                f,
+                reference_seeds=chk["reference_seeds"],
+                determinism_seeds=chk["determinism_seeds"],
+                do_nothing_seeds=chk["do_nothing_seeds"],
+                leakage_seeds=chk["leakage_seeds"],
+                start=prepared.extra["train"][0],
+            )
+        ]
+        results.append(
+            check_tools(f(), target["tools"], fallback_ok=target["kind"] == "env" or module_src is None)
+        )
         failed = [r for r in results if not r["passed"]]
         if failed:
             err = CheckFailed(f"{cap}: check {failed[0]['name']} failed: {failed[0]['message']}")
@@ -311,15 +404,43 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
         return results
 
     try:
-        return _calibrate_and_write(prepared, store, name, overrides, replace, factory_for, gate, harder, easier,
-                                    params0, module_src, modules, fallback, limits)
+        return _calibrate_and_write(
+            prepared,
+            store,
+            name,
+            overrides,
+            replace,
+            factory_for,
+            gate,
+            harder,
+            easier,
+            params0,
+            module_src,
+            modules,
+            fallback,
+            limits,
+        )
     finally:
         for f in factories:
             f.close()
 
 
-def _calibrate_and_write(prepared, store, name, overrides, replace, factory_for, gate, harder, easier, params0,
-                         module_src, modules, fallback, limits) -> dict[str, Artifact]:
+def _calibrate_and_write(
+    prepared,
+    store,
+    name,
+    overrides,
+    replace,
+    factory_for,
+    gate,
+    harder,
+    easier,
+    params0,
+    module_src,
+    modules,
+    fallback,
+    limits,
+) -> dict[str, Artifact]:
     from trace_cli.envs.synthetic.calibrate import Band, calibrate
     from trace_cli.progress import Bar
 
@@ -332,10 +453,16 @@ def _calibrate_and_write(prepared, store, name, overrides, replace, factory_for,
     t0 = prepared.extra["train"][0]
     band = Band(cal_cfg["band"][0], cal_cfg["band"][1], cal_cfg["max_group_all0"], cal_cfg["max_group_all1"])
     cal = calibrate(
-        factory_for=factory_for, params=params0,
+        factory_for=factory_for,
+        params=params0,
         policy_for=lambda attempt: _reseed(policy, cfg["seed"] * 1000 + attempt),
-        seeds=list(range(t0, t0 + cal_cfg["seeds"])), rollouts=cal_cfg["rollouts"], band=band,
-        max_attempts=cal_cfg["max_attempts"], harder=harder, easier=easier, max_turns=cfg["max_turns"],
+        seeds=list(range(t0, t0 + cal_cfg["seeds"])),
+        rollouts=cal_cfg["rollouts"],
+        band=band,
+        max_attempts=cal_cfg["max_attempts"],
+        harder=harder,
+        easier=easier,
+        max_turns=cfg["max_turns"],
         batch_size=cal_cfg["batch_size"],
         progress=lambda i, total: Bar(total, f"calibrate {cap} (attempt {i})"),
     )
@@ -349,10 +476,13 @@ def _calibrate_and_write(prepared, store, name, overrides, replace, factory_for,
     env = factory_for(cal.params)()
     obs = env.reset(t0)
     final_params = dict(getattr(env, "params", cal.params))
-    tool_sources = dict(getattr(env, "tool_sources", {})) or {t["function"]["name"]: "module" for t in obs.tools}
+    tool_sources = dict(getattr(env, "tool_sources", {})) or {
+        t["function"]["name"]: "module" for t in obs.tools
+    }
     used = [t["function"]["name"] for t in obs.tools]
     doc: dict[str, Any] = {
-        "kind": "environment", "version": 1,
+        "kind": "environment",
+        "version": 1,
         "name": str(getattr(env, "name", cap)),
         "capability": cap,
         "description": " ".join(str(prepared.extra["capability"].get("description", "")).split()),
@@ -363,15 +493,29 @@ def _calibrate_and_write(prepared, store, name, overrides, replace, factory_for,
         "policy": "shop",
         "tools": obs.tools,
         "tool_sources": tool_sources,
-        "target": {"kind": target["kind"], "ref": target["ref"], "tools": sorted(target["tools"]),
-                   "missing": [n for n in used if n not in target["tools"]],
-                   **({"artifact": target["artifact"]} if target["artifact"] else {})},
-        "seeds": {"train": cfg["seeds"]["train"].replace(" ", ""), "eval": cfg["seeds"]["eval"].replace(" ", "")},
+        "target": {
+            "kind": target["kind"],
+            "ref": target["ref"],
+            "tools": sorted(target["tools"]),
+            "missing": [n for n in used if n not in target["tools"]],
+            **({"artifact": target["artifact"]} if target["artifact"] else {}),
+        },
+        "seeds": {
+            "train": cfg["seeds"]["train"].replace(" ", ""),
+            "eval": cfg["seeds"]["eval"].replace(" ", ""),
+        },
         "checks": {c["name"]: {k: c[k] for k in ("passed", "seeds", "message", "details")} for c in checks},
-        "calibration": {"model": cfg["model"], "seeds": cal_cfg["seeds"], "rollouts": cal_cfg["rollouts"],
-                        "temperature": cal_cfg["temperature"], "band": list(cal_cfg["band"]),
-                        "max_group_all0": cal_cfg["max_group_all0"], "max_group_all1": cal_cfg["max_group_all1"],
-                        "passed": True, "attempts": attempts},
+        "calibration": {
+            "model": cfg["model"],
+            "seeds": cal_cfg["seeds"],
+            "rollouts": cal_cfg["rollouts"],
+            "temperature": cal_cfg["temperature"],
+            "band": list(cal_cfg["band"]),
+            "max_group_all0": cal_cfg["max_group_all0"],
+            "max_group_all1": cal_cfg["max_group_all1"],
+            "passed": True,
+            "attempts": attempts,
+        },
         "authoring": {"author": cfg["author"]},
     }
     if module_src is None:
@@ -379,18 +523,36 @@ def _calibrate_and_write(prepared, store, name, overrides, replace, factory_for,
     else:
         doc["module"] = MODULE_FILE
     if cfg["author"] != "template":
-        doc["authoring"].update(model=str(cfg["llm"].get("model")), sandbox=limits.to_dict(),
-                                modules=[{k: m[k] for k in ("file", "accepted", "reason")} for m in modules])
+        doc["authoring"].update(
+            model=str(cfg["llm"].get("model")),
+            sandbox=limits.to_dict(),
+            modules=[{k: m[k] for k in ("file", "accepted", "reason")} for m in modules],
+        )
         if fallback:
             doc["authoring"]["fallback"] = fallback
     doc = json.loads(json.dumps(doc, default=str))  # plain YAML types only (tuples, numpy floats ...)
     validate(doc, "environment.v1.json", source=ENV_FILE)
     samples = _samples(cal.results, cfg["samples"])
-    with store.writer("environment", NAME, cfg, prepared.inputs, name=name, overrides=overrides, seed=cfg["seed"],
-                      id=prepared.id, replace=replace) as w:
+    with store.writer(
+        "environment",
+        NAME,
+        cfg,
+        prepared.inputs,
+        name=name,
+        overrides=overrides,
+        seed=cfg["seed"],
+        id=prepared.id,
+        replace=replace,
+    ) as w:
         (w.path / ENV_FILE).write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=110))
-        rows = [{"capability": cap, **{k: a[k] for k in CALIBRATION_SCHEMA.names if k not in ("capability", "params")},
-                 "params": json.dumps(a["params"], sort_keys=True)} for a in attempts]
+        rows = [
+            {
+                "capability": cap,
+                **{k: a[k] for k in CALIBRATION_SCHEMA.names if k not in ("capability", "params")},
+                "params": json.dumps(a["params"], sort_keys=True),
+            }
+            for a in attempts
+        ]
         pq.write_table(pa.Table.from_pylist(rows, schema=CALIBRATION_SCHEMA), w.path / CALIBRATION_FILE)
         with open(w.path / SAMPLES_FILE, "w", encoding="utf-8") as fh:
             for s in samples:
@@ -403,13 +565,24 @@ def _calibrate_and_write(prepared, store, name, overrides, replace, factory_for,
                 p.parent.mkdir(parents=True, exist_ok=True)
                 p.write_text(m["source"], encoding="utf-8")
         last = cal.attempts[-1]
-        w.summary.update({
-            "capability": cap, "name": doc["name"], "source": doc["source"], "params": final_params,
-            "tools": used, "target": target["ref"], "checks_passed": True,
-            "calibration_attempts": len(cal.attempts), "mean_success": last.mean_success,
-            "mean_reward": last.mean_reward, "frac_all0": last.frac_all0, "frac_all1": last.frac_all1,
-            "seeds_train": doc["seeds"]["train"], "seeds_eval": doc["seeds"]["eval"],
-        })
+        w.summary.update(
+            {
+                "capability": cap,
+                "name": doc["name"],
+                "source": doc["source"],
+                "params": final_params,
+                "tools": used,
+                "target": target["ref"],
+                "checks_passed": True,
+                "calibration_attempts": len(cal.attempts),
+                "mean_success": last.mean_success,
+                "mean_reward": last.mean_reward,
+                "frac_all0": last.frac_all0,
+                "frac_all1": last.frac_all1,
+                "seeds_train": doc["seeds"]["train"],
+                "seeds_eval": doc["seeds"]["eval"],
+            }
+        )
     return {"environment": w.artifact}
 
 
@@ -422,9 +595,20 @@ def _samples(results: list[Any], n: int) -> list[dict[str, Any]]:
         for pool in (ok, bad):
             if pool and len(picked) < n:
                 picked.append(pool.pop(0))
-    return [{"task_id": r.task_id, "seed": r.seed, "trial": r.trial, "reward": r.reward, "success": r.success,
-             "termination": r.termination, "components": r.breakdown.get("components"),
-             "variant": (r.metadata or {}).get("variant"), "messages": r.messages} for r in picked]
+    return [
+        {
+            "task_id": r.task_id,
+            "seed": r.seed,
+            "trial": r.trial,
+            "reward": r.reward,
+            "success": r.success,
+            "termination": r.termination,
+            "components": r.breakdown.get("components"),
+            "variant": (r.metadata or {}).get("variant"),
+            "messages": r.messages,
+        }
+        for r in picked
+    ]
 
 
 def read_environment(art: Artifact) -> dict[str, Any]:

@@ -33,15 +33,38 @@ NAME = "train"
 OUTPUTS = {"model": "model", "adapter": "adapter"}
 METHOD_OUTPUTS = {"sft": {"model": "model"}, "grpo": {"adapter": "adapter"}}
 METRICS_FILE = "train_metrics.parquet"
-METRICS_SCHEMA = pa.schema([
-    ("step", pa.int64()), ("loss", pa.float64()), ("grad_norm", pa.float64()), ("lr", pa.float64()),
-    ("tokens", pa.int64()), ("elapsed_s", pa.float64()),
-])
+METRICS_SCHEMA = pa.schema(
+    [
+        ("step", pa.int64()),
+        ("loss", pa.float64()),
+        ("grad_norm", pa.float64()),
+        ("lr", pa.float64()),
+        ("tokens", pa.int64()),
+        ("elapsed_s", pa.float64()),
+    ]
+)
 GRPO_METRICS_SCHEMA = pa.schema(
     [("step", pa.int64())]
-    + [(c, pa.float64()) for c in (
-        "reward", "reward_std", "frac_reward_zero_std", "success", "turns", "completion_length", "clipped_ratio",
-        "max_length_frac", "kl", "entropy", "loss", "grad_norm", "learning_rate", "num_tokens", "step_time")]
+    + [
+        (c, pa.float64())
+        for c in (
+            "reward",
+            "reward_std",
+            "frac_reward_zero_std",
+            "success",
+            "turns",
+            "completion_length",
+            "clipped_ratio",
+            "max_length_frac",
+            "kl",
+            "entropy",
+            "loss",
+            "grad_norm",
+            "learning_rate",
+            "num_tokens",
+            "step_time",
+        )
+    ]
     + [("episodes", pa.int64()), ("rollouts", pa.int64())]
 )
 register_table(TableSpec("sft_metrics", "model", METRICS_FILE, METRICS_SCHEMA))
@@ -50,14 +73,41 @@ register_table(TableSpec("train_metrics", "adapter", METRICS_FILE, GRPO_METRICS_
 ADAPTER_DIR = "adapter"
 RESOLVED_CONFIG_FILE = "train_config.json"
 WORK_PREFIX = "train-"
-WORK_MARKER = "RESUMABLE"  # marks a GRPO work dir that `--resume` can continue (see the gc note in the stage docs)
+WORK_MARKER = (
+    "RESUMABLE"  # marks a GRPO work dir that `--resume` can continue (see the gc note in the stage docs)
+)
 
 SFT_ONLY = ("deficits", "deficit_rate", "epochs", "batch_size", "max_minutes", "max_length", "loss_on")
-GRPO_ONLY = ("capability", "max_steps", "num_generations", "per_device_batch_size", "gradient_accumulation_steps",
-             "lr_scheduler", "warmup_steps", "temperature", "top_p", "top_k", "beta", "epsilon", "epsilon_high",
-             "loss_type", "scale_rewards", "drop_constant_groups", "num_iterations", "max_grad_norm", "max_turns",
-             "max_new_tokens", "max_completion_length", "rollout_batch_size", "checkpoint_every", "resume",
-             "precision", "gradient_checkpointing", "use_vllm", "vllm")
+GRPO_ONLY = (
+    "capability",
+    "max_steps",
+    "num_generations",
+    "per_device_batch_size",
+    "gradient_accumulation_steps",
+    "lr_scheduler",
+    "warmup_steps",
+    "temperature",
+    "top_p",
+    "top_k",
+    "beta",
+    "epsilon",
+    "epsilon_high",
+    "loss_type",
+    "scale_rewards",
+    "drop_constant_groups",
+    "num_iterations",
+    "max_grad_norm",
+    "max_turns",
+    "max_new_tokens",
+    "max_completion_length",
+    "rollout_batch_size",
+    "checkpoint_every",
+    "resume",
+    "precision",
+    "gradient_checkpointing",
+    "use_vllm",
+    "vllm",
+)
 DEFAULT_LR = {"sft": 0.002, "grpo": 1e-5}
 NOT_IN_ID = ("checkpoint_every",)  # how often we checkpoint does not change what is trained
 PROMPT_CHECK_SEEDS = 8
@@ -68,8 +118,11 @@ def _method_config(config: dict[str, Any]) -> dict[str, Any]:
     raw = dict(config or {})
     method = raw.get("method")
     other = {"sft": GRPO_ONLY, "grpo": SFT_ONLY}.get(method, ())
-    errors = [f"{k}: only used by method {'grpo' if method == 'sft' else 'sft'} (method is {method})"
-              for k in other if k in raw]
+    errors = [
+        f"{k}: only used by method {'grpo' if method == 'sft' else 'sft'} (method is {method})"
+        for k in other
+        if k in raw
+    ]
     lora = raw.get("lora")
     if method == "grpo" and isinstance(lora, dict) and lora.get("enabled") is False:
         errors.append("lora.enabled: grpo always trains a LoRA adapter; drop the key")
@@ -121,17 +174,22 @@ def _prepare_sft(cfg: dict[str, Any], store: Store) -> Prepared:
         demo(set(cfg["deficits"]))  # raises UsageError naming an unknown deficit
     model = resolve_model(cfg["model"], store)
     if model.kind != "hf":
-        raise UsageError(f"--model {cfg['model']!r}: SFT starts from a model (store://model/NAME or an HF dir), "
-                         f"not a {model.kind}")
+        raise UsageError(
+            f"--model {cfg['model']!r}: SFT starts from a model (store://model/NAME or an HF dir), "
+            f"not a {model.kind}"
+        )
     env_id = env_identity(cfg["env"], store=store)
     id_config = {**cfg, "model": model.digest, "env": env_id["id"]}
-    p = Prepared(NAME, cfg, id_config, [model.as_input("model")] + env_id["inputs"],
-                 dict(METHOD_OUTPUTS["sft"])).finalize()
+    p = Prepared(
+        NAME, cfg, id_config, [model.as_input("model")] + env_id["inputs"], dict(METHOD_OUTPUTS["sft"])
+    ).finalize()
     p.extra.update(model=model, seeds=seeds)
     return p
 
 
-def _run_sft(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=False) -> dict[str, Artifact]:
+def _run_sft(
+    prepared: Prepared, store: Store, *, name=None, overrides=None, replace=False
+) -> dict[str, Artifact]:
     import sys
 
     from trace_cli.models.refs import load_hf
@@ -143,34 +201,76 @@ def _run_sft(prepared: Prepared, store: Store, *, name=None, overrides=None, rep
     if lora.get("enabled"):
         from peft import LoraConfig, get_peft_model
 
-        model = get_peft_model(model, LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
-                                                 target_modules=lora["target_modules"], task_type="CAUSAL_LM"))
-    demos = demonstrations(cfg["env"], prepared.extra["seeds"], set(cfg["deficits"]), store,
-                           deficit_rate=cfg["deficit_rate"], seed=cfg["seed"])
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=lora["r"],
+                lora_alpha=lora["alpha"],
+                lora_dropout=lora["dropout"],
+                target_modules=lora["target_modules"],
+                task_type="CAUSAL_LM",
+            ),
+        )
+    demos = demonstrations(
+        cfg["env"],
+        prepared.extra["seeds"],
+        set(cfg["deficits"]),
+        store,
+        deficit_rate=cfg["deficit_rate"],
+        seed=cfg["seed"],
+    )
     examples = tokenize(tok, demos, cfg["max_length"], cfg.get("loss_on", "assistant"))
     if not examples:
         raise UsageError(f"no demonstration fits max_length={cfg['max_length']}; raise it")
 
     def log(m: dict[str, Any]) -> None:
         if m["step"] % 10 == 0:
-            print(f"step {m['step']:>5}  loss {m['loss']:.4f}  lr {m['lr']:.2e}  {m['elapsed_s']:.0f}s", file=sys.stderr)
+            print(
+                f"step {m['step']:>5}  loss {m['loss']:.4f}  lr {m['lr']:.2e}  {m['elapsed_s']:.0f}s",
+                file=sys.stderr,
+            )
 
-    metrics = train_sft(model, tok, examples, epochs=cfg["epochs"], lr=cfg["learning_rate"],
-                        batch_size=cfg["batch_size"], seed=cfg["seed"], max_minutes=cfg["max_minutes"], log=log)
+    metrics = train_sft(
+        model,
+        tok,
+        examples,
+        epochs=cfg["epochs"],
+        lr=cfg["learning_rate"],
+        batch_size=cfg["batch_size"],
+        seed=cfg["seed"],
+        max_minutes=cfg["max_minutes"],
+        log=log,
+    )
     if lora.get("enabled"):
         model = model.merge_and_unload()
-    with store.writer("model", NAME, cfg, prepared.inputs, name=name, overrides=overrides, seed=cfg["seed"],
-                      id=prepared.id, replace=replace) as w:
+    with store.writer(
+        "model",
+        NAME,
+        cfg,
+        prepared.inputs,
+        name=name,
+        overrides=overrides,
+        seed=cfg["seed"],
+        id=prepared.id,
+        replace=replace,
+    ) as w:
         model.save_pretrained(w.path / "hf")
         tok.save_pretrained(w.path / "hf")
         pq.write_table(pa.Table.from_pylist(metrics, schema=METRICS_SCHEMA), w.path / METRICS_FILE)
         last = metrics[-10:]
-        w.summary.update({
-            "method": "sft", "base_model": cfg["model"], "deficits": cfg["deficits"], "deficit_rate": cfg["deficit_rate"], "demonstrations": len(examples),
-            "steps": len(metrics), "final_loss": sum(m["loss"] for m in last) / max(1, len(last)),
-            "train_s": round(metrics[-1]["elapsed_s"], 1) if metrics else 0.0,
-            "parameters": sum(p.numel() for p in model.parameters()),
-        })
+        w.summary.update(
+            {
+                "method": "sft",
+                "base_model": cfg["model"],
+                "deficits": cfg["deficits"],
+                "deficit_rate": cfg["deficit_rate"],
+                "demonstrations": len(examples),
+                "steps": len(metrics),
+                "final_loss": sum(m["loss"] for m in last) / max(1, len(last)),
+                "train_s": round(metrics[-1]["elapsed_s"], 1) if metrics else 0.0,
+                "parameters": sum(p.numel() for p in model.parameters()),
+            }
+        )
     return {"model": w.artifact}
 
 
@@ -225,8 +325,10 @@ def _prepare_grpo(cfg: dict[str, Any], store: Store) -> Prepared:
     env = make_env(cfg["env"], store=store)
     model = resolve_model(cfg["model"], store)
     if model.kind != "hf":
-        raise UsageError(f"--model {cfg['model']!r}: GRPO trains a LoRA on a base model (store://model/NAME, an HF "
-                         f"dir or a cached hub id), not on a {model.kind}")
+        raise UsageError(
+            f"--model {cfg['model']!r}: GRPO trains a LoRA on a base model (store://model/NAME, an HF "
+            f"dir or a cached hub id), not on a {model.kind}"
+        )
     # batch arithmetic (TRL: per_device_train_batch_size counts completions, the global batch must hold whole groups)
     world = world_size()
     g = cfg["num_generations"]
@@ -236,18 +338,25 @@ def _prepare_grpo(cfg: dict[str, Any], store: Store) -> Prepared:
             f"batch: per_device_batch_size ({cfg['per_device_batch_size']}) x processes ({world}) x "
             f"gradient_accumulation_steps ({cfg['gradient_accumulation_steps']}) = {per_step} episodes per step, "
             f"not a multiple of num_generations ({g}); every group of {g} rollouts of one seed must fit in a step",
-            hint=f"e.g. --set per_device_batch_size={g} or --set num_generations={_divisor_hint(per_step, g)}")
+            hint=f"e.g. --set per_device_batch_size={g} or --set num_generations={_divisor_hint(per_step, g)}",
+        )
     groups = per_step // g
     if len(seeds) < groups:
-        raise UsageError(f"seeds: {len(seeds)} seed(s) but each step needs {groups} different seeds "
-                         f"({per_step} episodes / num_generations {g}); widen --seeds")
+        raise UsageError(
+            f"seeds: {len(seeds)} seed(s) but each step needs {groups} different seeds "
+            f"({per_step} episodes / num_generations {g}); widen --seeds"
+        )
     if cfg["max_new_tokens"] > cfg["max_completion_length"]:
-        raise UsageError(f"max_new_tokens ({cfg['max_new_tokens']}) exceeds max_completion_length "
-                         f"({cfg['max_completion_length']}), the budget of the whole episode")
+        raise UsageError(
+            f"max_new_tokens ({cfg['max_new_tokens']}) exceeds max_completion_length "
+            f"({cfg['max_completion_length']}), the budget of the whole episode"
+        )
     if cfg["use_vllm"]:
         if importlib.util.find_spec("vllm") is None:
-            raise UsageError("use_vllm: vllm is not installed (pip install 'trl[vllm]' on a GPU machine); "
-                             "or drop use_vllm to generate with transformers")
+            raise UsageError(
+                "use_vllm: vllm is not installed (pip install 'trl[vllm]' on a GPU machine); "
+                "or drop use_vllm to generate with transformers"
+            )
         import torch
 
         if not torch.cuda.is_available():
@@ -265,8 +374,9 @@ def _prepare_grpo(cfg: dict[str, Any], store: Store) -> Prepared:
         tok = AutoTokenizer.from_pretrained(model.path)
     except Exception as e:  # noqa: BLE001 - any failure here means the directory is not a usable model
         raise UsageError(f"--model {cfg['model']!r}: cannot load its config/tokenizer: {e}") from e
-    ctx = getattr(mcfg, "max_position_embeddings", None) or getattr(getattr(mcfg, "text_config", None),
-                                                                      "max_position_embeddings", None)
+    ctx = getattr(mcfg, "max_position_embeddings", None) or getattr(
+        getattr(mcfg, "text_config", None), "max_position_embeddings", None
+    )
     lengths = _initial_prompt_tokens(env, seeds[:PROMPT_CHECK_SEEDS], tok)
     seed_long, longest = max(lengths, key=lambda x: x[1])
     if ctx and longest + cfg["max_completion_length"] > ctx:
@@ -275,16 +385,25 @@ def _prepare_grpo(cfg: dict[str, Any], store: Store) -> Prepared:
             f"context: the first prompt of seed {seed_long} is {longest} tokens; with max_completion_length "
             f"{cfg['max_completion_length']} an episode needs {longest + cfg['max_completion_length']} tokens, more "
             f"than the model's context ({ctx})",
-            hint=f"--set max_completion_length={room}" if room > 0 else "use a model with a longer context")
+            hint=f"--set max_completion_length={room}" if room > 0 else "use a model with a longer context",
+        )
     env.reset(seeds[0])
     capability = cfg["capability"] or (env.task_metadata() or {}).get("capability")
     env_id = env_identity(cfg["env"], store=store)
     id_config = {k: v for k, v in cfg.items() if k not in NOT_IN_ID}
     id_config.update(model=model.digest, env=env_id["id"])
-    p = Prepared(NAME, cfg, id_config, [model.as_input("model")] + env_id["inputs"],
-                 dict(METHOD_OUTPUTS["grpo"])).finalize()
-    p.extra.update(model=model, seeds=seeds, resume=resume, world=world, capability=capability,
-                   prompt_tokens=longest, context=ctx)
+    p = Prepared(
+        NAME, cfg, id_config, [model.as_input("model")] + env_id["inputs"], dict(METHOD_OUTPUTS["grpo"])
+    ).finalize()
+    p.extra.update(
+        model=model,
+        seeds=seeds,
+        resume=resume,
+        world=world,
+        capability=capability,
+        prompt_tokens=longest,
+        context=ctx,
+    )
     return p
 
 
@@ -302,8 +421,9 @@ def _lock(path: Path):
         fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         fh.close()
-        raise UsageError(f"another `trace train` is running this exact job (lock {path} is held); "
-                         "wait for it or kill it") from None
+        raise UsageError(
+            f"another `trace train` is running this exact job (lock {path} is held); wait for it or kill it"
+        ) from None
     return fh
 
 
@@ -311,7 +431,9 @@ def _fmt(v: Any, spec: str = ".3f") -> str:
     return "-" if v is None else format(v, spec)
 
 
-def _run_grpo(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=False) -> dict[str, Artifact]:
+def _run_grpo(
+    prepared: Prepared, store: Store, *, name=None, overrides=None, replace=False
+) -> dict[str, Artifact]:
     import sys
 
     from accelerate import PartialState
@@ -344,13 +466,20 @@ def _run_grpo(prepared: Prepared, store: Store, *, name=None, overrides=None, re
         lock = _lock(work / ".lock")
         found = latest_checkpoint(ckpts)
         if found is not None and not prepared.extra["resume"]:
-            print(f"train: discarding the checkpoint of an interrupted run ({found.name}); pass --resume to "
-                  "continue from it", file=sys.stderr)
+            print(
+                f"train: discarding the checkpoint of an interrupted run ({found.name}); pass --resume to "
+                "continue from it",
+                file=sys.stderr,
+            )
             shutil.rmtree(ckpts, ignore_errors=True)
         elif found is None and prepared.extra["resume"]:
             print("train: --resume: no checkpoint of this run found; starting from step 0", file=sys.stderr)
-        (work / WORK_MARKER).write_text(json.dumps({"id": prepared.id, "kind": "adapter", "stage": NAME,
-                                                    "pid": os.getpid(), "world_size": world}) + "\n")
+        (work / WORK_MARKER).write_text(
+            json.dumps(
+                {"id": prepared.id, "kind": "adapter", "stage": NAME, "pid": os.getpid(), "world_size": world}
+            )
+            + "\n"
+        )
     state.wait_for_everyone()
     resume_from = latest_checkpoint(ckpts) if prepared.extra["resume"] else None
     if main and resume_from is not None:
@@ -358,34 +487,87 @@ def _run_grpo(prepared: Prepared, store: Store, *, name=None, overrides=None, re
 
     def log(m: dict[str, Any]) -> None:
         if main:
-            print(f"step {m['step']:>4}/{cfg['max_steps']}  reward {_fmt(m.get('reward'))} ± {_fmt(m.get('reward_std'))}"
-                  f"  success {_fmt(m.get('success'), '.2f')}  const groups {_fmt(m.get('frac_reward_zero_std'), '.2f')}"
-                  f"  len {_fmt(m.get('completions/mean_length'), '.0f')}  lr {_fmt(m.get('learning_rate'), '.1e')}",
-                  file=sys.stderr)
+            print(
+                f"step {m['step']:>4}/{cfg['max_steps']}  reward {_fmt(m.get('reward'))} ± {_fmt(m.get('reward_std'))}"
+                f"  success {_fmt(m.get('success'), '.2f')}  const groups {_fmt(m.get('frac_reward_zero_std'), '.2f')}"
+                f"  len {_fmt(m.get('completions/mean_length'), '.0f')}  lr {_fmt(m.get('learning_rate'), '.1e')}",
+                file=sys.stderr,
+            )
 
     env_ref = cfg["env"]
     spec = GRPOSpec(
-        model_path=str(ref.path), make_env=lambda: make_env(env_ref, store=store), seeds=prepared.extra["seeds"],
-        output_dir=str(ckpts), resume_from=str(resume_from) if resume_from else None, log=log,
-        **{k: cfg[k] for k in (
-            "num_generations", "per_device_batch_size", "gradient_accumulation_steps", "max_steps", "learning_rate",
-            "lr_scheduler", "warmup_steps", "temperature", "top_p", "top_k", "beta", "epsilon", "epsilon_high",
-            "loss_type", "scale_rewards", "num_iterations", "max_grad_norm", "drop_constant_groups", "max_turns",
-            "max_new_tokens", "max_completion_length", "rollout_batch_size", "lora", "checkpoint_every",
-            "precision", "gradient_checkpointing", "use_vllm", "vllm", "seed")},
+        model_path=str(ref.path),
+        make_env=lambda: make_env(env_ref, store=store),
+        seeds=prepared.extra["seeds"],
+        output_dir=str(ckpts),
+        resume_from=str(resume_from) if resume_from else None,
+        log=log,
+        **{
+            k: cfg[k]
+            for k in (
+                "num_generations",
+                "per_device_batch_size",
+                "gradient_accumulation_steps",
+                "max_steps",
+                "learning_rate",
+                "lr_scheduler",
+                "warmup_steps",
+                "temperature",
+                "top_p",
+                "top_k",
+                "beta",
+                "epsilon",
+                "epsilon_high",
+                "loss_type",
+                "scale_rewards",
+                "num_iterations",
+                "max_grad_norm",
+                "drop_constant_groups",
+                "max_turns",
+                "max_new_tokens",
+                "max_completion_length",
+                "rollout_batch_size",
+                "lora",
+                "checkpoint_every",
+                "precision",
+                "gradient_checkpointing",
+                "use_vllm",
+                "vllm",
+                "seed",
+            )
+        },
     )
     result = train_grpo(spec)
     rows = metrics_rows(result.log_history, lambda s: rollouts_after(spec, world, s))
     if main:
-        with store.writer("adapter", NAME, cfg, prepared.inputs, name=name, overrides=overrides, seed=cfg["seed"],
-                          id=prepared.id, replace=replace) as w:
+        with store.writer(
+            "adapter",
+            NAME,
+            cfg,
+            prepared.inputs,
+            name=name,
+            overrides=overrides,
+            seed=cfg["seed"],
+            id=prepared.id,
+            replace=replace,
+        ) as w:
             copy_adapter(result.adapter_dir, w.path / ADAPTER_DIR)
             pq.write_table(pa.Table.from_pylist(rows, schema=GRPO_METRICS_SCHEMA), w.path / METRICS_FILE)
-            resolved = {k: v for k, v in vars(spec).items() if k not in ("make_env", "log", "output_dir", "resume_from")}
-            resolved.update(world_size=world, episodes_per_step=rollouts_after(spec, world, 1),
-                            seeds_per_step=rollouts_after(spec, world, 1) // spec.num_generations,
-                            env=cfg["env"], capability=prepared.extra["capability"])
-            (w.path / RESOLVED_CONFIG_FILE).write_text(json.dumps(resolved, indent=2, sort_keys=True, default=str) + "\n")
+            resolved = {
+                k: v
+                for k, v in vars(spec).items()
+                if k not in ("make_env", "log", "output_dir", "resume_from")
+            }
+            resolved.update(
+                world_size=world,
+                episodes_per_step=rollouts_after(spec, world, 1),
+                seeds_per_step=rollouts_after(spec, world, 1) // spec.num_generations,
+                env=cfg["env"],
+                capability=prepared.extra["capability"],
+            )
+            (w.path / RESOLVED_CONFIG_FILE).write_text(
+                json.dumps(resolved, indent=2, sort_keys=True, default=str) + "\n"
+            )
             w.summary.update(_grpo_summary(prepared, ref, rows, result, world))
         art = w.artifact
     state.wait_for_everyone()

@@ -184,7 +184,9 @@ class Store:
         self.tmp_root.mkdir(parents=True, exist_ok=True)
         tmp = self.tmp_root / f"{kind}-{aid}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
-        w = ArtifactWriter(self, kind, stage, config, inputs, aid, tmp, name, list(overrides or []), seed, replace)
+        w = ArtifactWriter(
+            self, kind, stage, config, inputs, aid, tmp, name, list(overrides or []), seed, replace
+        )
         try:
             yield w
         except BaseException:
@@ -279,7 +281,9 @@ class Store:
         # 1. names
         hits = [(k, i) for k, n, i in self.names() if n == ref and k in kinds]
         if len(hits) > 1:
-            raise UsageError(f"name {ref!r} is ambiguous ({', '.join(k for k, _ in hits)}); use store://KIND/{ref}")
+            raise UsageError(
+                f"name {ref!r} is ambiguous ({', '.join(k for k, _ in hits)}); use store://KIND/{ref}"
+            )
         if hits:
             return self.get(*hits[0])
         # 2. ids and unique prefixes
@@ -288,13 +292,17 @@ class Store:
             for k in kinds:
                 d = self.root / k
                 if d.is_dir():
-                    cands += [(k, s.name) for s in d.iterdir() if s.name.startswith(ref) and self.exists(k, s.name)]
+                    cands += [
+                        (k, s.name) for s in d.iterdir() if s.name.startswith(ref) and self.exists(k, s.name)
+                    ]
             if len(cands) == 1:
                 return self.get(*cands[0])
             if len(cands) > 1:
                 raise UsageError(f"id prefix {ref!r} is ambiguous: {', '.join(f'{k}/{i}' for k, i in cands)}")
         what = f"{want_kind} artifact" if want_kind else "artifact"
-        raise NotFoundError(f"no {what} named or with id {ref!r} in store {self.root}", hint="see `trace store ls`")
+        raise NotFoundError(
+            f"no {what} named or with id {ref!r} in store {self.root}", hint="see `trace store ls`"
+        )
 
     # ---------------------------------------------------------------- maintenance
     def verify(self) -> list[dict[str, Any]]:
@@ -319,7 +327,9 @@ class Store:
                 problems.append({"kind": art.kind, "id": art.id, "problems": issues})
         return problems
 
-    def gc(self, *, min_age_s: float = 0.0, dry_run: bool = False, include_resumable: bool = False) -> list[str]:
+    def gc(
+        self, *, min_age_s: float = 0.0, dry_run: bool = False, include_resumable: bool = False
+    ) -> list[str]:
         """Remove half-written temp dirs, artifact dirs that never got a manifest, and index files of a
         killed `reindex`; with `dry_run`, only return what would be removed. Work dirs of interrupted
         training runs (marked RESUMABLE, continued by `trace train --resume`) are kept unless
@@ -352,7 +362,9 @@ class Store:
                     if d.is_dir() and not (d / layout.MANIFEST).exists():
                         drop(d)
         if self.root.is_dir():
-            for f in sorted(self.root.glob(".index-*.duckdb*")):  # .index-PID-HEX.duckdb[.wal], see index.rebuild
+            for f in sorted(
+                self.root.glob(".index-*.duckdb*")
+            ):  # .index-PID-HEX.duckdb[.wal], see index.rebuild
                 parts = f.name.split("-")
                 pid = int(parts[1]) if len(parts) >= 3 and parts[1].isdigit() else None
                 if pid is not None and pid != os.getpid() and _alive(pid):

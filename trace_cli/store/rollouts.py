@@ -35,7 +35,10 @@ def tool_call_rows(
     `dumps` encodes object arguments and non-string results (ingest passes orjson's, which gives UTF-8 bytes:
     Arrow takes those for a string column without re-encoding).
     """
-    return [dict(zip(TOOL_CALL_COLUMNS, t, strict=True)) for t in tool_call_tuples(episode_id, messages, dumps=dumps)]
+    return [
+        dict(zip(TOOL_CALL_COLUMNS, t, strict=True))
+        for t in tool_call_tuples(episode_id, messages, dumps=dumps)
+    ]
 
 
 TOOL_CALL_COLUMNS = tuple(TOOL_CALLS_SCHEMA.names)
@@ -159,12 +162,16 @@ def string_array(values: Sequence[Any]) -> pa.Array | pa.ChunkedArray:
     return _joined(values, data, validity)
 
 
-def _joined(values: Sequence[Any], data: Sequence[bytes], validity: pa.Buffer | None) -> pa.Array | pa.ChunkedArray:
+def _joined(
+    values: Sequence[Any], data: Sequence[bytes], validity: pa.Buffer | None
+) -> pa.Array | pa.ChunkedArray:
     offsets = array("q", accumulate(map(len, data), initial=0))
     if offsets[-1] >= 2**31:
         return pa.array(values, pa.string())  # over one array's 2 GiB: Arrow chunks it
     joined = b"".join(data)
-    arr = pa.Array.from_buffers(pa.string(), len(data), [validity, pa.py_buffer(array("i", offsets)), pa.py_buffer(joined)])
+    arr = pa.Array.from_buffers(
+        pa.string(), len(data), [validity, pa.py_buffer(array("i", offsets)), pa.py_buffer(joined)]
+    )
     try:
         arr.validate(full=True)  # UTF-8, like pa.array
     except pa.ArrowInvalid:

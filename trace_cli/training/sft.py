@@ -14,8 +14,14 @@ from collections.abc import Callable
 from typing import Any
 
 
-def demonstrations(env_ref: Any, seeds: list[int], deficits: set[str], store: Any = None,
-                   deficit_rate: float = 1.0, seed: int = 0) -> list[dict[str, Any]]:
+def demonstrations(
+    env_ref: Any,
+    seeds: list[int],
+    deficits: set[str],
+    store: Any = None,
+    deficit_rate: float = 1.0,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
     """One replayed demonstration per seed. With deficits, a `deficit_rate` share of them withholds the
     behaviours (1.0 = never shown); a rate below 1 leaves the agent a small chance of the right behaviour,
     which is what lets RL later amplify it."""
@@ -31,13 +37,21 @@ def demonstrations(env_ref: Any, seeds: list[int], deficits: set[str], store: An
         withhold = bool(deficits) and demo is not None and rng.random() < deficit_rate
         actions = demo(set(deficits)) if withhold else env.reference_actions()
         ep = replay(make_env(env_ref, store=store), s, actions)
-        out.append({"seed": s, "messages": ep.messages, "tools": ep.tools, "reward": ep.reward,
-                    "family": (ep.metadata or {}).get("family")})
+        out.append(
+            {
+                "seed": s,
+                "messages": ep.messages,
+                "tools": ep.tools,
+                "reward": ep.reward,
+                "family": (ep.metadata or {}).get("family"),
+            }
+        )
     return out
 
 
-def tokenize(tok, demos: list[dict[str, Any]], max_length: int,
-             loss_on: str = "assistant") -> list[tuple[list[int], list[int]]]:
+def tokenize(
+    tok, demos: list[dict[str, Any]], max_length: int, loss_on: str = "assistant"
+) -> list[tuple[list[int], list[int]]]:
     """(input_ids, labels) per demo; with loss_on="assistant", labels are -100 outside assistant turns,
     with "all" every token after the first is a target (language modelling on whole transcripts: tool
     results repeat ids from earlier turns, which is extra practice at copying). Too-long demos are dropped."""
@@ -46,8 +60,13 @@ def tokenize(tok, demos: list[dict[str, Any]], max_length: int,
     out = []
     for d in demos:
         enc = tok.apply_chat_template(
-            d["messages"], tools=d["tools"], chat_template=qwen3_training_template(), tokenize=True,
-            return_dict=True, return_assistant_tokens_mask=True, enable_thinking=False,
+            d["messages"],
+            tools=d["tools"],
+            chat_template=qwen3_training_template(),
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=True,
+            enable_thinking=False,
         )
         ids = list(enc["input_ids"])
         mask = list(enc["assistant_masks"])
@@ -73,9 +92,18 @@ def assistant_loss(model, ids, att, labels):
     return F.cross_entropy(logits.float(), tgt[sel])
 
 
-def train_sft(model, tok, examples: list[tuple[list[int], list[int]]], *, epochs: float, lr: float,
-              batch_size: int, seed: int, max_minutes: float | None = None,
-              log: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+def train_sft(
+    model,
+    tok,
+    examples: list[tuple[list[int], list[int]]],
+    *,
+    epochs: float,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    max_minutes: float | None = None,
+    log: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
     """AdamW + linear warmup + cosine decay over length-bucketed batches; returns per-step metrics."""
     import torch
 
@@ -124,8 +152,14 @@ def train_sft(model, tok, examples: list[tuple[list[int], list[int]]], *, epochs
             opt.step()
             sched.step()
             opt.zero_grad(set_to_none=True)
-            m = {"step": step, "loss": float(loss.detach()), "grad_norm": float(gn), "lr": sched.get_last_lr()[0],
-                 "tokens": int(att.sum()), "elapsed_s": time.monotonic() - t0}
+            m = {
+                "step": step,
+                "loss": float(loss.detach()),
+                "grad_norm": float(gn),
+                "lr": sched.get_last_lr()[0],
+                "tokens": int(att.sum()),
+                "elapsed_s": time.monotonic() - t0,
+            }
             metrics.append(m)
             if log:
                 log(m)

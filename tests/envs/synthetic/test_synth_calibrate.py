@@ -23,7 +23,9 @@ class MixPolicy:
         state.turns.append({"plan": plan})
 
     def act(self, states):
-        return [[s.turns[0]["plan"].pop(0)] if s.turns[0]["plan"] else [{"content": "Goodbye."}] for s in states]
+        return [
+            [s.turns[0]["plan"].pop(0)] if s.turns[0]["plan"] else [{"content": "Goodbye."}] for s in states
+        ]
 
 
 def _r(seed, success, reward=None):
@@ -39,14 +41,24 @@ def test_group_stats_and_judge():
     assert judge({"mean_success": 0.9, "frac_all0": 0.0, "frac_all1": 0.8}, Band()) == (False, "harder")
     assert judge({"mean_success": 0.1, "frac_all0": 0.8, "frac_all1": 0.0}, Band()) == (False, "easier")
     assert judge({"mean_success": 0.4, "frac_all0": 0.0, "frac_all1": 0.5}, Band()) == (False, "harder")
-    assert judge({"mean_success": 0.45, "frac_all0": 0.5, "frac_all1": 0.4}, Band()) == (False, "harder")  # bimodal
+    assert judge({"mean_success": 0.45, "frac_all0": 0.5, "frac_all1": 0.4}, Band()) == (
+        False,
+        "harder",
+    )  # bimodal
 
 
 def _run(p_by_level, start_level=2, attempts=5):
     cls = get_template("precondition_verification")
-    return calibrate(factory_for=lambda params: (lambda: cls(**params)), params={"level": start_level},
-                     policy_for=lambda i: MixPolicy(p_by_level, seed=i), seeds=list(range(24)), rollouts=8,
-                     max_attempts=attempts, harder=cls.harder, easier=cls.easier)
+    return calibrate(
+        factory_for=lambda params: lambda: cls(**params),
+        params={"level": start_level},
+        policy_for=lambda i: MixPolicy(p_by_level, seed=i),
+        seeds=list(range(24)),
+        rollouts=8,
+        max_attempts=attempts,
+        harder=cls.harder,
+        easier=cls.easier,
+    )
 
 
 def test_in_band_policy_passes_first_time():

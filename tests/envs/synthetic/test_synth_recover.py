@@ -11,11 +11,23 @@ from trace_cli.envs.synthetic import TEMPLATES, make_template, recover_tools
 from trace_cli.stages.base import execute
 from trace_cli.store import Store
 
-TAU2_RETAIL = {"find_user_id_by_email", "find_user_id_by_name_zip", "get_user_details", "get_order_details",
-               "get_product_details", "cancel_pending_order", "return_delivered_order_items",
-               "exchange_delivered_order_items", "modify_user_address", "modify_pending_order_items",
-               "modify_pending_order_address", "modify_pending_order_payment", "transfer_to_human_agents",
-               "calculate", "list_all_product_types"}
+TAU2_RETAIL = {
+    "find_user_id_by_email",
+    "find_user_id_by_name_zip",
+    "get_user_details",
+    "get_order_details",
+    "get_product_details",
+    "cancel_pending_order",
+    "return_delivered_order_items",
+    "exchange_delivered_order_items",
+    "modify_user_address",
+    "modify_pending_order_items",
+    "modify_pending_order_address",
+    "modify_pending_order_payment",
+    "transfer_to_human_agents",
+    "calculate",
+    "list_all_product_types",
+}
 
 
 @pytest.fixture(scope="module")
@@ -33,15 +45,26 @@ def test_recovered_names_types_and_required(retail):
     assert all(p == {"type": "string"} for p in addr["properties"].values())
     ret = tools["return_delivered_order_items"]["function"]["parameters"]
     assert ret["properties"]["item_ids"] == {"type": "array", "items": {"type": "string"}}
-    assert tools["get_order_details"]["function"]["parameters"]["properties"] == {"order_id": {"type": "string"}}
+    assert tools["get_order_details"]["function"]["parameters"]["properties"] == {
+        "order_id": {"type": "string"}
+    }
 
 
 def test_required_is_always_present_and_types_union():
-    eps = [{"messages": [{"role": "assistant", "tool_calls": [
-        {"id": "1", "function": {"name": "f", "arguments": {"a": 1, "b": "x"}}},
-        {"id": "2", "function": {"name": "f", "arguments": '{"a": 2.5}'}},
-        {"id": "3", "requestor": "user", "function": {"name": "user_tool", "arguments": {}}},
-    ]}]}]
+    eps = [
+        {
+            "messages": [
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {"id": "1", "function": {"name": "f", "arguments": {"a": 1, "b": "x"}}},
+                        {"id": "2", "function": {"name": "f", "arguments": '{"a": 2.5}'}},
+                        {"id": "3", "requestor": "user", "function": {"name": "user_tool", "arguments": {}}},
+                    ],
+                }
+            ]
+        }
+    ]
     f = recover_tools(eps)["f"]["function"]["parameters"]
     assert f["required"] == ["a"] and f["properties"] == {"a": {"type": "number"}, "b": {"type": "string"}}
     assert "user_tool" not in recover_tools(eps)
@@ -59,7 +82,9 @@ def test_templates_use_the_targets_schemas_exactly(retail, name):
         if n in tools:
             assert env.tool_sources[n] == "target"
             assert (t["function"]["name"], t["function"]["parameters"]) == (
-                tools[n]["function"]["name"], tools[n]["function"]["parameters"])
+                tools[n]["function"]["name"],
+                tools[n]["function"]["parameters"],
+            )
         else:  # τ² retail has no list_user_orders: the shop schema stands in, and that is recorded
             assert env.tool_sources[n] == "shop_fallback" and t == TOOL_SCHEMAS[n]
     assert ("list_user_orders" in env.TOOLS) == ("shop_fallback" in env.tool_sources.values())

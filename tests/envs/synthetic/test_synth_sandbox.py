@@ -36,12 +36,21 @@ def store_root(tmp_path):
 
 def _bad(body: str) -> str:
     """A module that misbehaves when the environment is created (after a normal import)."""
-    return "import os\nimport sys\n\ndef make_env(**params):\n" + textwrap.indent(textwrap.dedent(body), "    ")
+    return "import os\nimport sys\n\ndef make_env(**params):\n" + textwrap.indent(
+        textwrap.dedent(body), "    "
+    )
 
 
 def test_good_module_passes_the_template_checks():
-    v = check_module(GOOD, {"level": 1}, FAST, reference_seeds=100, determinism_seeds=5, do_nothing_seeds=30,
-                     leakage_seeds=30)
+    v = check_module(
+        GOOD,
+        {"level": 1},
+        FAST,
+        reference_seeds=100,
+        determinism_seeds=5,
+        do_nothing_seeds=30,
+        leakage_seeds=30,
+    )
     assert v.accepted, v.reason
     assert {c["name"] for c in v.checks} == {"determinism", "reference", "do_nothing", "leakage"}
     assert v.network_isolation in ("unshare", "audit-hook")
@@ -54,18 +63,38 @@ def test_sandboxed_env_runs_in_the_rollout_loop():
     assert res[0].env == "synthetic-precondition_verification"
 
 
-@pytest.mark.parametrize("case,body,reason", [
-    ("infinite loop", "while True:\n    pass\n", "CPU time limit exceeded"),
-    ("unbounded allocation", "x = []\nwhile True:\n    x.append(bytearray(50 * 2**20))\n", "memory limit exceeded"),
-    ("socket", "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\ns.connect(('127.0.0.1', 80))\n",
-     "network access is not allowed"),
-    ("write outside", "open(os.environ.get('EVIL') or '{evil}', 'w').write('x')\n",
-     "writing outside the sandbox directory is not allowed"),
-    ("delete outside", "os.remove('{manifest}')\n", "changing files outside the sandbox directory is not allowed"),
-    ("write caught", "try:\n    open('{evil}', 'w').write('x')\nexcept Exception:\n    pass\n"
-                     "from trace_cli.envs.synthetic import TEMPLATES\nreturn TEMPLATES['precondition_verification']()\n",
-     "writing outside the sandbox directory is not allowed"),
-])
+@pytest.mark.parametrize(
+    "case,body,reason",
+    [
+        ("infinite loop", "while True:\n    pass\n", "CPU time limit exceeded"),
+        (
+            "unbounded allocation",
+            "x = []\nwhile True:\n    x.append(bytearray(50 * 2**20))\n",
+            "memory limit exceeded",
+        ),
+        (
+            "socket",
+            "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_STREAM)\ns.connect(('127.0.0.1', 80))\n",
+            "network access is not allowed",
+        ),
+        (
+            "write outside",
+            "open(os.environ.get('EVIL') or '{evil}', 'w').write('x')\n",
+            "writing outside the sandbox directory is not allowed",
+        ),
+        (
+            "delete outside",
+            "os.remove('{manifest}')\n",
+            "changing files outside the sandbox directory is not allowed",
+        ),
+        (
+            "write caught",
+            "try:\n    open('{evil}', 'w').write('x')\nexcept Exception:\n    pass\n"
+            "from trace_cli.envs.synthetic import TEMPLATES\nreturn TEMPLATES['precondition_verification']()\n",
+            "writing outside the sandbox directory is not allowed",
+        ),
+    ],
+)
 def test_misbehaving_modules_are_stopped_and_rejected(store_root, case, body, reason):
     manifest = next(store_root.glob("diagnosis/*/manifest.yaml"))
     evil = store_root / "evil.txt"
@@ -95,13 +124,13 @@ def test_wall_clock_timeout_and_crash_reasons():
 
 
 def test_a_module_that_fails_a_check_is_rejected_with_the_check():
-    lazy = GOOD + textwrap.dedent('''
+    lazy = GOOD + textwrap.dedent("""
         _make = make_env
         def make_env(**params):
             env = _make(**params)
             env.reference_actions = lambda: [{"content": "Goodbye."}]
             return env
-    ''')
+    """)
     v = check_module(lazy, {}, FAST, reference_seeds=100)
     assert not v.accepted and v.reason.startswith("check reference failed")
 

@@ -20,8 +20,10 @@ PROPS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCh
 
 def _trace(env, seed, actions):
     ep = replay(env, seed, actions)
-    return ([(r.observation, r.role, r.done, r.reward, r.error) for r in ep.results],
-            (ep.verdict.reward, ep.verdict.success, ep.verdict.components))
+    return (
+        [(r.observation, r.role, r.done, r.reward, r.error) for r in ep.results],
+        (ep.verdict.reward, ep.verdict.success, ep.verdict.components),
+    )
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -51,8 +53,13 @@ def test_reference_solver_reward_1(name, seed, level):
 @pytest.mark.parametrize("name", NAMES)
 def test_gate_checks_pass_on_every_level(name):
     for level in (0, 2, len(TEMPLATES[name].LEVELS) - 1):
-        results = run_checks(lambda level=level: make_template(name, level=level), reference_seeds=100,
-                             determinism_seeds=5, do_nothing_seeds=60, leakage_seeds=150)
+        results = run_checks(
+            lambda level=level: make_template(name, level=level),
+            reference_seeds=100,
+            determinism_seeds=5,
+            do_nothing_seeds=60,
+            leakage_seeds=150,
+        )
         assert all(r.passed for r in results), [r.to_dict() for r in results if not r.passed]
 
 
@@ -75,7 +82,9 @@ def test_protocol_prompt_style_and_shop_schemas(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_do_nothing_never_succeeds_and_rewards_are_graded(name):
-    assert check_do_nothing(lambda: make_template(name, level=len(TEMPLATES[name].LEVELS) - 1), range(80)).passed
+    assert check_do_nothing(
+        lambda: make_template(name, level=len(TEMPLATES[name].LEVELS) - 1), range(80)
+    ).passed
     # partial credit exists: GRPO groups get variance even without full success
     env = make_template(name, level=3)
     partial = set()
@@ -86,8 +95,12 @@ def test_do_nothing_never_succeeds_and_rewards_are_graded(name):
         tries = [calls[:cut] for cut in range(1, len(calls) + 1)]  # stopping early, or not telling the user
         for a in calls:  # one imprecise argument
             if a["name"] == "modify_user_address":
-                tries.append([c if c is not a else {**a, "arguments": {**a["arguments"], "city": "Nowhere"}}
-                              for c in calls])
+                tries.append(
+                    [
+                        c if c is not a else {**a, "arguments": {**a["arguments"], "city": "Nowhere"}}
+                        for c in calls
+                    ]
+                )
         for t in tries:
             v = replay(env, seed, t + [{"content": "Done, goodbye."}]).verdict
             if 0 < v.reward < 1:
@@ -97,13 +110,17 @@ def test_do_nothing_never_succeeds_and_rewards_are_graded(name):
 
 def test_answers_never_in_opening_message():
     for name in NAMES:
-        res = check_leakage(lambda name=name: make_template(name, level=len(TEMPLATES[name].LEVELS) - 1), range(300))
+        res = check_leakage(
+            lambda name=name: make_template(name, level=len(TEMPLATES[name].LEVELS) - 1), range(300)
+        )
         assert res.passed, res.message
     env = make_template("structured_data_reasoning", level=5)
     for seed in range(100):
         text = env.reset(seed).messages[0]["content"]
         meta = env.task_metadata()
-        ref_write = next(a for a in meta["reference_actions"] if a.get("name") == "return_delivered_order_items")
+        ref_write = next(
+            a for a in meta["reference_actions"] if a.get("name") == "return_delivered_order_items"
+        )
         assert ref_write["arguments"]["item_ids"][0] not in text
     env = make_template("precondition_verification", level=5)
     for seed in range(100):
@@ -160,7 +177,9 @@ def test_difficulty_knobs_change_the_tasks():
 
 
 def test_pressure_user_pushes_back_and_giving_in_fails():
-    env = get_template("policy_compliance_under_pressure")(level=2, adversarial_fraction=1.0, kinds=["cancel"])
+    env = get_template("policy_compliance_under_pressure")(
+        level=2, adversarial_fraction=1.0, kinds=["cancel"]
+    )
     env.reset(11)
     ref = env.reference_actions()
     refusal = ref[-1]["content"]
@@ -211,8 +230,13 @@ def test_determinism_across_processes_and_hash_seeds():
     )
     digests = set()
     for hs in ("1", "2"):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                             env={**os.environ, "PYTHONHASHSEED": hs})
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONHASHSEED": hs},
+        )
         assert out.returncode == 0, out.stderr
         digests.add(out.stdout.strip())
     assert len(digests) == 1

@@ -19,15 +19,22 @@ from trace_cli.errors import UsageError
 
 TEMPLATES: dict[str, type[SyntheticEnv]] = {
     cls.capability: cls
-    for cls in (PreconditionVerification, StructuredDataReasoning, MultiStepCompletion, ToolCallingPrecision,
-                PolicyComplianceUnderPressure)
+    for cls in (
+        PreconditionVerification,
+        StructuredDataReasoning,
+        MultiStepCompletion,
+        ToolCallingPrecision,
+        PolicyComplianceUnderPressure,
+    )
 }
 
 
 def get_template(name: str) -> type[SyntheticEnv]:
     if name not in TEMPLATES:
-        raise UsageError(f"no environment template for capability {name!r}; templates: {', '.join(TEMPLATES)}",
-                         hint="use an LLM author (--author openai|hf) for other capabilities")
+        raise UsageError(
+            f"no environment template for capability {name!r}; templates: {', '.join(TEMPLATES)}",
+            hint="use an LLM author (--author openai|hf) for other capabilities",
+        )
     return TEMPLATES[name]
 
 

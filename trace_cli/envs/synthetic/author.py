@@ -16,7 +16,7 @@ from typing import Any
 
 from trace_cli.errors import UsageError
 
-CONTRACT = '''Write ONE self-contained Python module (stdlib + trace_cli only; no network, no files outside the
+CONTRACT = """Write ONE self-contained Python module (stdlib + trace_cli only; no network, no files outside the
 working directory, no subprocesses) that defines `make_env(**params)` returning an environment with:
   name: str; max_turns: int
   reset(seed:int) -> trace_cli.envs.base.Observation   (system_prompt, tools, messages=[first user message], task_id, info)
@@ -53,7 +53,7 @@ class Env(SyntheticEnv):
         return {"db": float(self.matches_target("orders", oid)), "communicate": comm}, {"missing": missing}
 def make_env(**params):
     return Env(**params)
-'''
+"""
 
 
 def _trim(text: str, n: int) -> str:
@@ -71,16 +71,26 @@ def transcript(episode: dict[str, Any], limit: int = 1500) -> str:
         for tc in m.get("tool_calls") or []:
             fn = tc.get("function", tc)
             args = fn.get("arguments")
-            lines.append(f"assistant calls {fn.get('name')}({_trim(json.dumps(args) if not isinstance(args, str) else args, 200)})")
+            lines.append(
+                f"assistant calls {fn.get('name')}({_trim(json.dumps(args) if not isinstance(args, str) else args, 200)})"
+            )
         if m.get("content"):
             lines.append(f"{role}: {_trim(m['content'], 300)}")
     out = "\n".join(lines)
     return out if len(out) <= limit else out[: limit - 1] + "…"
 
 
-def author_messages(capability: str, description: str, tools: list[dict[str, Any]], examples: list[str],
-                    feedback: str | None = None) -> list[dict[str, str]]:
-    ex = "\n\n".join(f"Failed trajectory {i + 1}:\n{e}" for i, e in enumerate(examples[:3])) or "(none available)"
+def author_messages(
+    capability: str,
+    description: str,
+    tools: list[dict[str, Any]],
+    examples: list[str],
+    feedback: str | None = None,
+) -> list[dict[str, str]]:
+    ex = (
+        "\n\n".join(f"Failed trajectory {i + 1}:\n{e}" for i, e in enumerate(examples[:3]))
+        or "(none available)"
+    )
     user = (
         f"Capability to train: {capability}\n{description}\n\n"
         f"Target tool schemas (reuse names and argument schemas exactly):\n{json.dumps(tools, separators=(',', ':'))}\n\n"
@@ -90,8 +100,10 @@ def author_messages(capability: str, description: str, tools: list[dict[str, Any
     )
     if feedback:
         user += f"\n\nYour previous module was rejected: {feedback}\nFix that and answer with the complete module."
-    return [{"role": "system", "content": "You write verifiable training environments for tool-using agents."},
-            {"role": "user", "content": user}]
+    return [
+        {"role": "system", "content": "You write verifiable training environments for tool-using agents."},
+        {"role": "user", "content": user},
+    ]
 
 
 _FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.S)
@@ -114,8 +126,9 @@ def parse_module(text: str) -> str:
     return src
 
 
-def write_module(author: str, llm: dict[str, Any], store: Any, messages: list[dict[str, str]], *, seed: int,
-                 attempt: int) -> tuple[str | None, str | None]:
+def write_module(
+    author: str, llm: dict[str, Any], store: Any, messages: list[dict[str, str]], *, seed: int, attempt: int
+) -> tuple[str | None, str | None]:
     """(module source, None) or (None, why the LLM gave none)."""
     if author == "openai":
         from trace_cli.analysts.openai import OpenAIAnalyst
@@ -126,6 +139,7 @@ def write_module(author: str, llm: dict[str, Any], store: Any, messages: list[di
         from trace_cli.analysts.hf import HFAnalyst
 
         analyst = HFAnalyst({"llm": llm}, store)
-        return analyst._ask_many([messages], run=attempt, seed=seed, parse=parse_module,
-                                 what=f"authoring (attempt {attempt})")[0]
+        return analyst._ask_many(
+            [messages], run=attempt, seed=seed, parse=parse_module, what=f"authoring (attempt {attempt})"
+        )[0]
     raise UsageError(f"unknown author {author!r}; expected template, openai or hf")

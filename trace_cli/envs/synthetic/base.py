@@ -36,7 +36,12 @@ Action = dict[str, Any]
 
 # Tools whose calls change the database: a call to one of these on an object is a "write attempt" on it.
 WRITE_TOOLS = frozenset(
-    {"cancel_pending_order", "return_delivered_order_items", "exchange_delivered_order_items", "modify_user_address"}
+    {
+        "cancel_pending_order",
+        "return_delivered_order_items",
+        "exchange_delivered_order_items",
+        "modify_user_address",
+    }
 )
 
 
@@ -106,7 +111,11 @@ class Knob:
         if self.kind is list:
             if isinstance(value, str):
                 value = [v.strip() for v in value.split(",") if v.strip()]
-            if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) for v in value):
+            if (
+                not isinstance(value, (list, tuple))
+                or not value
+                or not all(isinstance(v, str) for v in value)
+            ):
                 raise UsageError(f"{where} must be a non-empty list of names, got {value!r}")
             bad = [v for v in value if v not in self.choices]
             if bad:
@@ -119,7 +128,9 @@ class Knob:
                 value = self.kind(value)
             except ValueError:
                 raise UsageError(f"{where} must be a number, got {value!r}") from None
-        if self.kind is int and not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
+        if self.kind is int and not (
+            isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+        ):
             raise UsageError(f"{where} must be an integer, got {value!r}")
         if not isinstance(value, (int, float)):
             raise UsageError(f"{where} must be a number, got {value!r}")
@@ -160,7 +171,10 @@ def _impl_params(name: str) -> tuple[set[str], set[str]]:
     if name not in _IMPL_PARAMS:
         sig = inspect.signature(getattr(ShopTools, name))
         ps = [p for k, p in sig.parameters.items() if k != "self"]
-        _IMPL_PARAMS[name] = ({p.name for p in ps}, {p.name for p in ps if p.default is inspect.Parameter.empty})
+        _IMPL_PARAMS[name] = (
+            {p.name for p in ps},
+            {p.name for p in ps if p.default is inspect.Parameter.empty},
+        )
     return _IMPL_PARAMS[name]
 
 
@@ -183,7 +197,9 @@ class SyntheticEnv:
         if isinstance(level, str) and level.strip().isdigit():
             level = int(level)
         if not isinstance(level, int) or isinstance(level, bool) or not 0 <= level < len(self.LEVELS):
-            raise UsageError(f"{tname}: parameter 'level' must be an integer from 0 to {len(self.LEVELS) - 1}, got {level!r}")
+            raise UsageError(
+                f"{tname}: parameter 'level' must be an integer from 0 to {len(self.LEVELS) - 1}, got {level!r}"
+            )
         if isinstance(max_turns, str) and max_turns.isdigit():
             max_turns = int(max_turns)
         if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
@@ -278,8 +294,11 @@ class SyntheticEnv:
         self.db = self._fresh_db()
         self.initial = marshal.loads(self._initial)  # a separate copy: `changed()` compares against it
         self.api = ShopTools(self.db)
-        self.user = (PressureUser(sc.identify, sc.request, sc.pressure) if sc.pressure
-                     else ScriptedUser(sc.identify, sc.request))
+        self.user = (
+            PressureUser(sc.identify, sc.request, sc.pressure)
+            if sc.pressure
+            else ScriptedUser(sc.identify, sc.request)
+        )
         self.turns = 0
         self.done = False
         self.termination: str | None = None
@@ -300,8 +319,14 @@ class SyntheticEnv:
     def step(self, action: dict[str, Any]) -> StepResult:
         self._require()
         if self.done:
-            return StepResult("Error: the episode is over", role="user", done=True, reward=self.verify().reward,
-                              error=True, info={"termination": self.termination})
+            return StepResult(
+                "Error: the episode is over",
+                role="user",
+                done=True,
+                reward=self.verify().reward,
+                error=True,
+                info={"termination": self.termination},
+            )
         self.turns += 1
         if isinstance(action, dict) and "name" in action:
             observation, error = self._tool_call(action)
@@ -318,11 +343,20 @@ class SyntheticEnv:
                     self._finish("user_stop")
         else:
             observation, error, role = (
-                'Error: an action is a tool call {"name", "arguments"} or a message {"content"}', True, "tool")
+                'Error: an action is a tool call {"name", "arguments"} or a message {"content"}',
+                True,
+                "tool",
+            )
         if not self.done and self.turns >= self.max_turns:
             self._finish("max_turns")
-        return StepResult(observation, role=role, done=self.done, reward=self.verify().reward, error=error,
-                          info={"turn": self.turns, "termination": self.termination})
+        return StepResult(
+            observation,
+            role=role,
+            done=self.done,
+            reward=self.verify().reward,
+            error=error,
+            info={"turn": self.turns, "termination": self.termination},
+        )
 
     def _finish(self, why: str) -> None:
         self.done, self.termination = True, why
@@ -350,7 +384,12 @@ class SyntheticEnv:
             ok = True
         except ToolError as exc:
             out, ok = f"Error: {exc}", False
-        except (TypeError, ValueError, AttributeError, KeyError) as exc:  # loose schemas let odd values through
+        except (
+            TypeError,
+            ValueError,
+            AttributeError,
+            KeyError,
+        ) as exc:  # loose schemas let odd values through
             out, ok = f"Error: {name}: invalid arguments ({type(exc).__name__})", False
         self.calls.append({"turn": self.turns, "name": name, "arguments": args, "ok": ok})
         return out, not ok
@@ -369,8 +408,13 @@ class SyntheticEnv:
         return False
 
     def write_attempts(self, order_id: str) -> list[dict[str, Any]]:
-        return [c for c in self.calls if c["name"] in WRITE_TOOLS and isinstance(c["arguments"], dict)
-                and c["arguments"].get("order_id") == order_id]
+        return [
+            c
+            for c in self.calls
+            if c["name"] in WRITE_TOOLS
+            and isinstance(c["arguments"], dict)
+            and c["arguments"].get("order_id") == order_id
+        ]
 
     def changed(self, table: str) -> set[str]:
         """Keys of `table` ('users' or 'orders') whose record differs from the episode's initial state."""
@@ -395,8 +439,12 @@ class SyntheticEnv:
         reward = sum(self.WEIGHTS[k] * comps[k] for k in self.WEIGHTS)
         success = all(comps[k] >= 1.0 - 1e-9 for k in self.WEIGHTS)
         reward = 1.0 if success else min(round(reward, 6), 0.999999)
-        return RewardBreakdown(reward=reward, success=success, components={k: float(v) for k, v in comps.items()},
-                               details={**details, "termination": self.termination, "turns": self.turns})
+        return RewardBreakdown(
+            reward=reward,
+            success=success,
+            components={k: float(v) for k, v in comps.items()},
+            details={**details, "termination": self.termination, "turns": self.turns},
+        )
 
     def task_metadata(self) -> dict[str, Any]:
         sc = self._require()

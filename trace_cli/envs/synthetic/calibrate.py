@@ -38,9 +38,11 @@ class Attempt:
     def line(self) -> str:
         p = self.params.get("level")
         lv = f"level {p}, " if p is not None else ""
-        return (f"attempt {self.attempt} ({lv}{self.seeds}x{self.rollouts}): success {self.mean_success:.3f}, "
-                f"reward {self.mean_reward:.3f}, all-0 groups {self.frac_all0:.2f}, all-1 groups {self.frac_all1:.2f}"
-                f"{' [in band]' if self.in_band else ''}{f' -> {self.next}' if self.next else ''}")
+        return (
+            f"attempt {self.attempt} ({lv}{self.seeds}x{self.rollouts}): success {self.mean_success:.3f}, "
+            f"reward {self.mean_reward:.3f}, all-0 groups {self.frac_all0:.2f}, all-1 groups {self.frac_all1:.2f}"
+            f"{' [in band]' if self.in_band else ''}{f' -> {self.next}' if self.next else ''}"
+        )
 
 
 @dataclass
@@ -97,8 +99,16 @@ def _describe(params: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v}" for k, v in params.items()) or "defaults"
 
 
-def measure(policy: Any, factory: Callable[[], Environment], seeds: Sequence[int], rollouts: int, *,
-            max_turns: int = 12, batch_size: int = 64, on_done: Callable[[Any], None] | None = None) -> list[Any]:
+def measure(
+    policy: Any,
+    factory: Callable[[], Environment],
+    seeds: Sequence[int],
+    rollouts: int,
+    *,
+    max_turns: int = 12,
+    batch_size: int = 64,
+    on_done: Callable[[Any], None] | None = None,
+) -> list[Any]:
     from trace_cli.envs.rollout import rollout
 
     jobs = [(s, t) for s in seeds for t in range(rollouts)]
@@ -130,15 +140,30 @@ def calibrate(
         bar = progress(i, len(seeds) * rollouts) if progress else None
         if bar is not None:
             with bar:
-                results = measure(policy, factory_for(current), seeds, rollouts, max_turns=max_turns,
-                                  batch_size=batch_size, on_done=lambda r, b=bar: b.advance())
+                results = measure(
+                    policy,
+                    factory_for(current),
+                    seeds,
+                    rollouts,
+                    max_turns=max_turns,
+                    batch_size=batch_size,
+                    on_done=lambda r, b=bar: b.advance(),
+                )
         else:
-            results = measure(policy, factory_for(current), seeds, rollouts, max_turns=max_turns,
-                              batch_size=batch_size)
+            results = measure(
+                policy, factory_for(current), seeds, rollouts, max_turns=max_turns, batch_size=batch_size
+            )
         stats = group_stats(results)
         ok, direction = judge(stats, band)
-        att = Attempt(i, dict(current), len(seeds), rollouts, in_band=ok, wall_s=round(time.monotonic() - t0, 2),
-                      **{k: round(v, 6) for k, v in stats.items()})
+        att = Attempt(
+            i,
+            dict(current),
+            len(seeds),
+            rollouts,
+            in_band=ok,
+            wall_s=round(time.monotonic() - t0, 2),
+            **{k: round(v, 6) for k, v in stats.items()},
+        )
         attempts.append(att)
         if ok:
             return Calibration(True, attempts, current, results)
@@ -147,8 +172,10 @@ def calibrate(
             att.next = f"needs {direction} but is already at the {'hardest' if direction == 'harder' else 'easiest'} setting"
             break
         if any(a.params == nxt for a in attempts):  # back and forth: the band falls between two settings
-            att.next = (f"needs {direction}, but that setting ({_describe(nxt)}) was measured already: the band lies "
-                        "between two adjacent settings")
+            att.next = (
+                f"needs {direction}, but that setting ({_describe(nxt)}) was measured already: the band lies "
+                "between two adjacent settings"
+            )
             break
         if i == max_attempts:
             att.next = "no attempts left"

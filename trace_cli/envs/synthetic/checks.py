@@ -1,11 +1,11 @@
 """The checks that gate a synthesized environment (templates and sandboxed modules alike).
 
-  determinism  same seed => same opening observation, and the same observations, rewards and verdict for the
-               same actions (reference, perturbed, do-nothing), across instances and across resets
-  reference    the environment's reference solution reaches reward 1 (success) on every seed checked
-  do_nothing   an agent that only says "Goodbye." never succeeds
-  leakage      the values the agent must find (`task_metadata()["answer_values"]`) never appear in the
-               opening messages (nor, for ids and amounts, in the system prompt)
+determinism  same seed => same opening observation, and the same observations, rewards and verdict for the
+             same actions (reference, perturbed, do-nothing), across instances and across resets
+reference    the environment's reference solution reaches reward 1 (success) on every seed checked
+do_nothing   an agent that only says "Goodbye." never succeeds
+leakage      the values the agent must find (`task_metadata()["answer_values"]`) never appear in the
+             opening messages (nor, for ids and amounts, in the system prompt)
 """
 
 from __future__ import annotations
@@ -38,10 +38,18 @@ class CheckResult:
 def _fingerprint(env: Environment, seed: int, actions: list[dict[str, Any]]) -> str:
     ep = replay(env, seed, actions)
     v = ep.verdict
-    return json.dumps({
-        "results": [(r.observation, r.role, r.done, round(r.reward, 9), r.error) for r in ep.results],
-        "verdict": [round(v.reward, 9), v.success, {k: round(x, 9) for k, x in sorted(v.components.items())}],
-    }, sort_keys=True, default=str)
+    return json.dumps(
+        {
+            "results": [(r.observation, r.role, r.done, round(r.reward, 9), r.error) for r in ep.results],
+            "verdict": [
+                round(v.reward, 9),
+                v.success,
+                {k: round(x, 9) for k, x in sorted(v.components.items())},
+            ],
+        },
+        sort_keys=True,
+        default=str,
+    )
 
 
 def check_determinism(factory: EnvFactory, seeds: Iterable[int]) -> CheckResult:
@@ -60,7 +68,11 @@ def check_determinism(factory: EnvFactory, seeds: Iterable[int]) -> CheckResult:
         noise = RandomPolicy(seed)
         perturbed = [noise.act(a.reset(seed)) for _ in range(4)] + ref
         for label, acts in (("reference", ref), ("perturbed", perturbed), ("do-nothing", [GOODBYE] * 3)):
-            fa, fb, fa2 = _fingerprint(a, seed, acts), _fingerprint(b, seed, acts), _fingerprint(a, seed, acts)
+            fa, fb, fa2 = (
+                _fingerprint(a, seed, acts),
+                _fingerprint(b, seed, acts),
+                _fingerprint(a, seed, acts),
+            )
             if not fa == fb == fa2:
                 bad.append(f"seed {seed}: the {label} actions give different results on replay")
                 break
@@ -81,11 +93,19 @@ def check_reference(factory: EnvFactory, seeds: Iterable[int]) -> CheckResult:
         rewards.append(v.reward)
         if not (v.success and abs(v.reward - 1.0) < 1e-9):
             fails.append({"seed": seed, "reward": v.reward, "components": v.components})
-    msg = (f"reward 1 on all {len(seeds)} seeds" if not fails
-           else f"reference solution fails on {len(fails)}/{len(seeds)} seeds (first: seed {fails[0]['seed']}, "
-                f"reward {fails[0]['reward']:.3f}, {fails[0]['components']})")
-    return CheckResult("reference", not fails and bool(seeds), len(seeds), msg,
-                       {"min_reward": min(rewards) if rewards else None, "failures": fails[:10]})
+    msg = (
+        f"reward 1 on all {len(seeds)} seeds"
+        if not fails
+        else f"reference solution fails on {len(fails)}/{len(seeds)} seeds (first: seed {fails[0]['seed']}, "
+        f"reward {fails[0]['reward']:.3f}, {fails[0]['components']})"
+    )
+    return CheckResult(
+        "reference",
+        not fails and bool(seeds),
+        len(seeds),
+        msg,
+        {"min_reward": min(rewards) if rewards else None, "failures": fails[:10]},
+    )
 
 
 def check_do_nothing(factory: EnvFactory, seeds: Iterable[int]) -> CheckResult:
@@ -102,8 +122,11 @@ def check_do_nothing(factory: EnvFactory, seeds: Iterable[int]) -> CheckResult:
         if v.success:
             wins.append(seed)
     mean = sum(rewards) / len(rewards) if rewards else 0.0
-    msg = (f"success 0/{len(seeds)}, mean reward {mean:.3f}" if not wins
-           else f"saying 'Goodbye.' succeeds on {len(wins)}/{len(seeds)} seeds (e.g. seed {wins[0]})")
+    msg = (
+        f"success 0/{len(seeds)}, mean reward {mean:.3f}"
+        if not wins
+        else f"saying 'Goodbye.' succeeds on {len(wins)}/{len(seeds)} seeds (e.g. seed {wins[0]})"
+    )
     return CheckResult("do_nothing", not wins, len(seeds), msg, {"successes": len(wins), "mean_reward": mean})
 
 
@@ -134,8 +157,15 @@ def check_leakage(factory: EnvFactory, seeds: Iterable[int]) -> CheckResult:
     return CheckResult("leakage", ok, len(seeds), msg, {"leaks": leaks[:10], "undeclared": undeclared[:10]})
 
 
-def run_checks(factory: EnvFactory, *, reference_seeds: int = 100, determinism_seeds: int = 20,
-               do_nothing_seeds: int = 100, leakage_seeds: int = 100, start: int = 0) -> list[CheckResult]:
+def run_checks(
+    factory: EnvFactory,
+    *,
+    reference_seeds: int = 100,
+    determinism_seeds: int = 20,
+    do_nothing_seeds: int = 100,
+    leakage_seeds: int = 100,
+    start: int = 0,
+) -> list[CheckResult]:
     """Every check, on seeds start, start+1, ...; stops early only when the environment itself raises."""
     return [
         check_determinism(factory, range(start, start + determinism_seeds)),

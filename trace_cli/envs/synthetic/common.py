@@ -19,14 +19,21 @@ def identity_keys(user: dict[str, Any]) -> set[Any]:
 
 
 def world(
-    rng: random.Random, n_orders: int, *, n_products: int = 8, statuses: tuple[str, ...] = ORDER_STATUSES,
-    weights: tuple[int, ...] = (3, 2, 4, 1), n_others: int = 2,
+    rng: random.Random,
+    n_orders: int,
+    *,
+    n_products: int = 8,
+    statuses: tuple[str, ...] = ORDER_STATUSES,
+    weights: tuple[int, ...] = (3, 2, 4, 1),
+    n_others: int = 2,
 ) -> tuple[WorldBuilder, dict[str, Any], list[dict[str, Any]]]:
     """Products, the customer with `n_orders` dated orders (returned oldest first) and other customers."""
     b = WorldBuilder(rng)
     b.add_products(n_products)
     user = b.add_user()
-    orders = [b.add_order(user, rng.choices(statuses, weights)[0], date=d) for d in b.distinct_dates(n_orders)]
+    orders = [
+        b.add_order(user, rng.choices(statuses, weights)[0], date=d) for d in b.distinct_dates(n_orders)
+    ]
     rng.shuffle(user["orders"])  # listing order differs from date order
     taken = identity_keys(user)
     for _ in range(n_others):
@@ -45,13 +52,25 @@ def identify(rng: random.Random, user: dict[str, Any]) -> tuple[str, dict[str, A
     n = user["name"]
     if rng.random() < 0.5:
         text = rng.choice(["Hi, my email is {e}.", "Hello, this is {e}.", "Hi! My email address is {e}."])
-        return text.format(e=user["email"]), {"name": "find_user_id_by_email", "arguments": {"email": user["email"]}}
+        return text.format(e=user["email"]), {
+            "name": "find_user_id_by_email",
+            "arguments": {"email": user["email"]},
+        }
     z = user["address"]["zip"]
-    text = rng.choice(["Hi, I'm {f} {l}, zip code {z}.", "Hello, my name is {f} {l} and my zip is {z}.",
-                       "Hi, {f} {l} here (zip {z})."])
-    return (text.format(f=n["first_name"], l=n["last_name"], z=z),
-            {"name": "find_user_id_by_name_zip",
-             "arguments": {"first_name": n["first_name"], "last_name": n["last_name"], "zip": z}})
+    text = rng.choice(
+        [
+            "Hi, I'm {f} {l}, zip code {z}.",
+            "Hello, my name is {f} {l} and my zip is {z}.",
+            "Hi, {f} {l} here (zip {z}).",
+        ]
+    )
+    return (
+        text.format(f=n["first_name"], l=n["last_name"], z=z),
+        {
+            "name": "find_user_id_by_name_zip",
+            "arguments": {"first_name": n["first_name"], "last_name": n["last_name"], "zip": z},
+        },
+    )
 
 
 def lines_of_other_products(b: WorldBuilder, k: int, exclude: set[str]) -> list[dict[str, Any]]:
@@ -81,13 +100,17 @@ def describe(options: dict[str, str]) -> str:
 
 
 def address_text(a: dict[str, str]) -> str:
-    parts = [a["address1"]] + ([a["address2"]] if a["address2"] else []) + [a["city"], f"{a['state']} {a['zip']}",
-                                                                           a["country"]]
+    parts = (
+        [a["address1"]]
+        + ([a["address2"]] if a["address2"] else [])
+        + [a["city"], f"{a['state']} {a['zip']}", a["country"]]
+    )
     return ", ".join(parts)
 
 
-def new_address(b: WorldBuilder, user: dict[str, Any], *, leading_zero: bool | None = None,
-                address2: bool | None = None) -> dict[str, str]:
+def new_address(
+    b: WorldBuilder, user: dict[str, Any], *, leading_zero: bool | None = None, address2: bool | None = None
+) -> dict[str, str]:
     """A fresh address, optionally forcing a zip with a leading zero and/or a second address line."""
     while True:
         a = b.random_address()

@@ -24,8 +24,14 @@ OPS = ("cancel", "return", "address")
 class MultiStepCompletion(SyntheticEnv):
     capability = "multi_step_completion"
     description = "Several independent write operations requested at once; all must be completed."
-    TOOLS = ("find_user_id_by_email", "find_user_id_by_name_zip", "get_order_details", "cancel_pending_order",
-             "return_delivered_order_items", "modify_user_address")
+    TOOLS = (
+        "find_user_id_by_email",
+        "find_user_id_by_name_zip",
+        "get_order_details",
+        "cancel_pending_order",
+        "return_delivered_order_items",
+        "modify_user_address",
+    )
     KNOBS = {
         "n_orders": Knob(int, 3, 10, doc="orders of the customer"),
         "min_ops": Knob(int, 1, 5, doc="fewest operations of a multi-step task"),
@@ -47,12 +53,16 @@ class MultiStepCompletion(SyntheticEnv):
     def _validate_knobs(self) -> None:
         k = self.knobs
         if k["min_ops"] > k["max_ops"]:
-            raise UsageError(f"{self.capability}: min_ops ({k['min_ops']}) cannot exceed max_ops ({k['max_ops']})")
+            raise UsageError(
+                f"{self.capability}: min_ops ({k['min_ops']}) cannot exceed max_ops ({k['max_ops']})"
+            )
         order_ops = [o for o in k["ops"] if o != "address"]
         most = (k["n_orders"] if order_ops else 0) + ("address" in k["ops"])
         if k["max_ops"] > most:
-            raise UsageError(f"{self.capability}: max_ops ({k['max_ops']}) is more than the {most} operations "
-                             f"that n_orders={k['n_orders']} and ops={k['ops']} allow")
+            raise UsageError(
+                f"{self.capability}: max_ops ({k['max_ops']}) is more than the {most} operations "
+                f"that n_orders={k['n_orders']} and ops={k['ops']} allow"
+            )
 
     def build(self, rng: random.Random) -> Scenario:
         k = self.knobs
@@ -77,9 +87,13 @@ class MultiStepCompletion(SyntheticEnv):
         for kind in kinds:
             if kind == "address":
                 a = new_address(b, user)
-                text = (f"change my default address to address1 '{a['address1']}', address2 '{a['address2']}', "
-                        f"city '{a['city']}', state '{a['state']}', country '{a['country']}', zip '{a['zip']}'")
-                ops.append((text, [call("modify_user_address", user_id=uid, **a)], "your default address is updated"))
+                text = (
+                    f"change my default address to address1 '{a['address1']}', address2 '{a['address2']}', "
+                    f"city '{a['city']}', state '{a['state']}', country '{a['country']}', zip '{a['zip']}'"
+                )
+                ops.append(
+                    (text, [call("modify_user_address", user_id=uid, **a)], "your default address is updated")
+                )
                 targets.append(("users", uid))
                 continue
             order = next(picked)
@@ -88,36 +102,67 @@ class MultiStepCompletion(SyntheticEnv):
             if kind == "cancel":
                 order["status"] = "pending"
                 reason = rng.choice(CANCEL_REASONS)
-                ops.append((f"cancel order {oid} ({rng.choice(REASON_PHRASES[reason])})",
-                            [call("get_order_details", order_id=oid),
-                             call("cancel_pending_order", order_id=oid, reason=reason)],
-                            f"order {oid} is cancelled"))
+                ops.append(
+                    (
+                        f"cancel order {oid} ({rng.choice(REASON_PHRASES[reason])})",
+                        [
+                            call("get_order_details", order_id=oid),
+                            call("cancel_pending_order", order_id=oid, reason=reason),
+                        ],
+                        f"order {oid} is cancelled",
+                    )
+                )
             else:
                 order["status"] = "delivered"
                 line = rng.choice(order["items"])
                 answers.append(line["item_id"])
-                ops.append((f"return the {line['name']} from order {oid} to the original payment method",
-                            [call("get_order_details", order_id=oid),
-                             call("return_delivered_order_items", order_id=oid, item_ids=[line["item_id"]],
-                                  payment_method_id=order["payment_method_id"])],
-                            f"the return of the {line['name']} from order {oid} is requested"))
+                ops.append(
+                    (
+                        f"return the {line['name']} from order {oid} to the original payment method",
+                        [
+                            call("get_order_details", order_id=oid),
+                            call(
+                                "return_delivered_order_items",
+                                order_id=oid,
+                                item_ids=[line["item_id"]],
+                                payment_method_id=order["payment_method_id"],
+                            ),
+                        ],
+                        f"the return of the {line['name']} from order {oid} is requested",
+                    )
+                )
         if len(ops) == 1:
             request = f"Please {ops[0][0]}."
         else:
             request = "I need several things done: " + join_ops([t for t, _, _ in ops]) + "."
         reference = [auth] + [a for _, acts, _ in ops for a in acts]
         reference.append(say("Done: " + "; ".join(r for _, _, r in ops) + "."))
-        return Scenario(b.db, uid, ident, request, reference, answers, variant=f"{len(ops)}_ops",
-                        data={"targets": targets})
+        return Scenario(
+            b.db,
+            uid,
+            ident,
+            request,
+            reference,
+            answers,
+            variant=f"{len(ops)}_ops",
+            data={"targets": targets},
+        )
 
     def grade(self) -> tuple[dict[str, float], dict[str, Any]]:
         targets = [tuple(t) for t in self._scenario.data["targets"]]
         done = [t for t in targets if self.matches_target(*t)]
-        expected = {("users", k) for k in self.changed("users")} | {("orders", k) for k in self.changed("orders")}
+        expected = {("users", k) for k in self.changed("users")} | {
+            ("orders", k) for k in self.changed("orders")
+        }
         collateral = sorted(f"{t}/{k}" for t, k in expected - set(targets))
         frac = len(done) / len(targets)
         if collateral:
             frac *= 0.5
-        return ({"operations": frac},
-                {"done": [f"{t}/{k}" for t, k in done], "missing": [f"{t}/{k}" for t, k in targets if (t, k) not in done],
-                 "collateral": collateral})
+        return (
+            {"operations": frac},
+            {
+                "done": [f"{t}/{k}" for t, k in done],
+                "missing": [f"{t}/{k}" for t, k in targets if (t, k) not in done],
+                "collateral": collateral,
+            },
+        )

@@ -28,34 +28,94 @@ FORBIDDEN_STATUSES = {"cancel": ("processed", "delivered"), "return": ("pending"
 
 class PreconditionVerification(SyntheticEnv):
     capability = "precondition_verification"
-    description = ("Cancel/return requests whose permission depends on the order status, which only a read "
-                   "reveals; the agent must verify first and refuse forbidden requests without writing.")
-    TOOLS = ("find_user_id_by_email", "find_user_id_by_name_zip", "get_order_details", "cancel_pending_order",
-             "return_delivered_order_items")
+    description = (
+        "Cancel/return requests whose permission depends on the order status, which only a read "
+        "reveals; the agent must verify first and refuse forbidden requests without writing."
+    )
+    TOOLS = (
+        "find_user_id_by_email",
+        "find_user_id_by_name_zip",
+        "get_order_details",
+        "cancel_pending_order",
+        "return_delivered_order_items",
+    )
     KNOBS = {
         "n_orders": Knob(int, 2, 10, doc="orders of the customer (distractors)"),
         "n_requests": Knob(int, 1, 3, doc="requests (orders to change) per task"),
-        "forbidden_fraction": Knob(float, 0.0, 1.0, doc="probability that a request is forbidden by the status"),
-        "return_fraction": Knob(float, 0.0, 1.0, doc="probability that a request is a return (else a cancel)"),
-        "verify_allowed": Knob(int, 0, 1, doc="1: an allowed request also needs the read before the write (and the "
-                                              "refund amount told); 0: only refusals are judged on verification, "
-                                              "as in the shop's cancel_order family"),
+        "forbidden_fraction": Knob(
+            float, 0.0, 1.0, doc="probability that a request is forbidden by the status"
+        ),
+        "return_fraction": Knob(
+            float, 0.0, 1.0, doc="probability that a request is a return (else a cancel)"
+        ),
+        "verify_allowed": Knob(
+            int,
+            0,
+            1,
+            doc="1: an allowed request also needs the read before the write (and the "
+            "refund amount told); 0: only refusals are judged on verification, "
+            "as in the shop's cancel_order family",
+        ),
     }
     LEVELS = [
-        {"n_orders": 3, "n_requests": 1, "forbidden_fraction": 0.2, "return_fraction": 0.0, "verify_allowed": 0},
-        {"n_orders": 4, "n_requests": 1, "forbidden_fraction": 0.35, "return_fraction": 0.2, "verify_allowed": 0},
-        {"n_orders": 5, "n_requests": 1, "forbidden_fraction": 0.5, "return_fraction": 0.4, "verify_allowed": 0},
-        {"n_orders": 5, "n_requests": 1, "forbidden_fraction": 0.6, "return_fraction": 0.5, "verify_allowed": 1},
-        {"n_orders": 6, "n_requests": 2, "forbidden_fraction": 0.6, "return_fraction": 0.5, "verify_allowed": 1},
-        {"n_orders": 8, "n_requests": 2, "forbidden_fraction": 0.7, "return_fraction": 0.5, "verify_allowed": 1},
-        {"n_orders": 10, "n_requests": 3, "forbidden_fraction": 0.7, "return_fraction": 0.5, "verify_allowed": 1},
+        {
+            "n_orders": 3,
+            "n_requests": 1,
+            "forbidden_fraction": 0.2,
+            "return_fraction": 0.0,
+            "verify_allowed": 0,
+        },
+        {
+            "n_orders": 4,
+            "n_requests": 1,
+            "forbidden_fraction": 0.35,
+            "return_fraction": 0.2,
+            "verify_allowed": 0,
+        },
+        {
+            "n_orders": 5,
+            "n_requests": 1,
+            "forbidden_fraction": 0.5,
+            "return_fraction": 0.4,
+            "verify_allowed": 0,
+        },
+        {
+            "n_orders": 5,
+            "n_requests": 1,
+            "forbidden_fraction": 0.6,
+            "return_fraction": 0.5,
+            "verify_allowed": 1,
+        },
+        {
+            "n_orders": 6,
+            "n_requests": 2,
+            "forbidden_fraction": 0.6,
+            "return_fraction": 0.5,
+            "verify_allowed": 1,
+        },
+        {
+            "n_orders": 8,
+            "n_requests": 2,
+            "forbidden_fraction": 0.7,
+            "return_fraction": 0.5,
+            "verify_allowed": 1,
+        },
+        {
+            "n_orders": 10,
+            "n_requests": 3,
+            "forbidden_fraction": 0.7,
+            "return_fraction": 0.5,
+            "verify_allowed": 1,
+        },
     ]
     WEIGHTS = {"action": 0.6, "communicate": 0.4}
 
     def _validate_knobs(self) -> None:
         if self.knobs["n_requests"] > self.knobs["n_orders"]:
-            raise UsageError(f"{self.capability}: n_requests ({self.knobs['n_requests']}) cannot exceed "
-                             f"n_orders ({self.knobs['n_orders']})")
+            raise UsageError(
+                f"{self.capability}: n_requests ({self.knobs['n_requests']}) cannot exceed "
+                f"n_orders ({self.knobs['n_orders']})"
+            )
 
     def build(self, rng: random.Random) -> Scenario:
         k = self.knobs
@@ -66,8 +126,15 @@ class PreconditionVerification(SyntheticEnv):
             kind = "return" if rng.random() < k["return_fraction"] else "cancel"
             allowed = rng.random() >= k["forbidden_fraction"]
             order["status"] = ALLOWED_STATUS[kind] if allowed else rng.choice(FORBIDDEN_STATUSES[kind])
-            reqs.append({"kind": kind, "allowed": allowed, "order": order, "line": rng.choice(order["items"]),
-                         "reason": rng.choice(CANCEL_REASONS)})
+            reqs.append(
+                {
+                    "kind": kind,
+                    "allowed": allowed,
+                    "order": order,
+                    "line": rng.choice(order["items"]),
+                    "reason": rng.choice(CANCEL_REASONS),
+                }
+            )
         single = len(reqs) == 1
         texts, reference, report, facts, answers = [], [auth], [], [], [user["user_id"]]
         for r in reqs:
@@ -77,18 +144,28 @@ class PreconditionVerification(SyntheticEnv):
             if r["kind"] == "cancel":
                 phrase = rng.choice(REASON_PHRASES[r["reason"]])
                 if single:
-                    texts.append(rng.choice(["Please cancel my order {o}; {r}.", "I want to cancel order {o} because {r}.",
-                                             "Could you cancel order {o}? {R}."]).format(
-                        o=oid, r=phrase, R=phrase[0].upper() + phrase[1:]))
+                    texts.append(
+                        rng.choice(
+                            [
+                                "Please cancel my order {o}; {r}.",
+                                "I want to cancel order {o} because {r}.",
+                                "Could you cancel order {o}? {R}.",
+                            ]
+                        ).format(o=oid, r=phrase, R=phrase[0].upper() + phrase[1:])
+                    )
                 else:
                     texts.append(f"cancel order {oid} ({phrase})")
             else:
                 name = r["line"]["name"]
                 if single:
-                    texts.append(rng.choice([
-                        "Please return the {p} from my order {o} and refund it to the original payment method.",
-                        "I want to return the {p} I got in order {o}; refund to the original payment method."]).format(
-                        p=name, o=oid))
+                    texts.append(
+                        rng.choice(
+                            [
+                                "Please return the {p} from my order {o} and refund it to the original payment method.",
+                                "I want to return the {p} I got in order {o}; refund to the original payment method.",
+                            ]
+                        ).format(p=name, o=oid)
+                    )
                 else:
                     texts.append(f"return the {name} from order {oid} to the original payment method")
             reference.append(call("get_order_details", order_id=oid))
@@ -101,17 +178,30 @@ class PreconditionVerification(SyntheticEnv):
                     facts.append(f"{total:.2f}")
             elif r["allowed"]:
                 line = r["line"]
-                reference.append(call("return_delivered_order_items", order_id=oid, item_ids=[line["item_id"]],
-                                      payment_method_id=o["payment_method_id"]))
-                report.append(f"the return of the {line['name']} from order {oid} is requested and you will get "
-                              f"{line['price']:.2f} dollars back")
+                reference.append(
+                    call(
+                        "return_delivered_order_items",
+                        order_id=oid,
+                        item_ids=[line["item_id"]],
+                        payment_method_id=o["payment_method_id"],
+                    )
+                )
+                report.append(
+                    f"the return of the {line['name']} from order {oid} is requested and you will get "
+                    f"{line['price']:.2f} dollars back"
+                )
                 facts.append(f"{line['price']:.2f}")
                 answers.append(f"{line['price']:.2f}")
             else:
-                rule = ("only pending orders can be cancelled" if r["kind"] == "cancel"
-                        else "only delivered orders can be returned")
-                report.append(f"order {oid} is {status}, so it cannot be "
-                              f"{'cancelled' if r['kind'] == 'cancel' else 'returned'}: {rule}")
+                rule = (
+                    "only pending orders can be cancelled"
+                    if r["kind"] == "cancel"
+                    else "only delivered orders can be returned"
+                )
+                report.append(
+                    f"order {oid} is {status}, so it cannot be "
+                    f"{'cancelled' if r['kind'] == 'cancel' else 'returned'}: {rule}"
+                )
                 facts.append(status)
         if single:
             request = texts[0]
@@ -125,9 +215,23 @@ class PreconditionVerification(SyntheticEnv):
             kind = reqs[0]["kind"]
             forbidden = [s for s in FORBIDDEN_STATUSES[kind] if s != reqs[0]["order"]["status"]]
         variant = "+".join(f"{r['kind']}_{'allowed' if r['allowed'] else 'forbidden'}" for r in reqs)
-        return Scenario(b.db, user["user_id"], ident, request, reference, answers, facts, forbidden, variant,
-                        data={"requests": [{"order_id": r["order"]["order_id"], "kind": r["kind"],
-                                            "allowed": r["allowed"]} for r in reqs]})
+        return Scenario(
+            b.db,
+            user["user_id"],
+            ident,
+            request,
+            reference,
+            answers,
+            facts,
+            forbidden,
+            variant,
+            data={
+                "requests": [
+                    {"order_id": r["order"]["order_id"], "kind": r["kind"], "allowed": r["allowed"]}
+                    for r in reqs
+                ]
+            },
+        )
 
     def grade(self) -> tuple[dict[str, float], dict[str, Any]]:
         reqs = self._scenario.data["requests"]
@@ -143,13 +247,23 @@ class PreconditionVerification(SyntheticEnv):
                 verified = verified or self.matches_target("orders", oid)  # only the outcome is judged
             outcome = verified and not forbidden_attempt and self.matches_target("orders", oid)
             per.append(0.5 * verified + 0.5 * outcome)
-            details.append({"order_id": oid, "verified": verified, "forbidden_attempt": forbidden_attempt,
-                            "outcome": outcome})
+            details.append(
+                {
+                    "order_id": oid,
+                    "verified": verified,
+                    "forbidden_attempt": forbidden_attempt,
+                    "outcome": outcome,
+                }
+            )
         action = sum(per) / len(per)
         if collateral:
             action *= 0.5
         comm, missing, wrong = self.communicate()
-        if not self._scenario.required_facts:  # nothing to tell (an allowed cancel): credit only a finished job
+        if (
+            not self._scenario.required_facts
+        ):  # nothing to tell (an allowed cancel): credit only a finished job
             comm *= float(all(d["outcome"] for d in details) and not collateral)
-        return ({"action": action, "communicate": comm},
-                {"requests": details, "collateral": collateral, "missing_facts": missing, "wrong_facts": wrong})
+        return (
+            {"action": action, "communicate": comm},
+            {"requests": details, "collateral": collateral, "missing_facts": missing, "wrong_facts": wrong},
+        )

@@ -89,7 +89,9 @@ def recover_tools(source: Any) -> dict[str, dict[str, Any]]:
         for t in ep.get("tools") or []:
             fn = t.get("function", t) if isinstance(t, dict) else None
             if isinstance(fn, dict) and isinstance(fn.get("name"), str):
-                declared.setdefault(fn["name"], t if "function" in t else {"type": "function", "function": fn})
+                declared.setdefault(
+                    fn["name"], t if "function" in t else {"type": "function", "function": fn}
+                )
     if declared:
         return {k: declared[k] for k in sorted(declared)}
     seen: dict[str, dict[str, _Seen]] = {}

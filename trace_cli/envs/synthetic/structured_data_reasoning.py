@@ -23,10 +23,18 @@ KINDS = ("most_expensive", "cheapest", "by_option", "most_recent")
 
 class StructuredDataReasoning(SyntheticEnv):
     capability = "structured_data_reasoning"
-    description = ("Return the item the user describes by a property (most expensive, cheapest, an option, most "
-                   "recent delivered order) among distractor orders, items and variants.")
-    TOOLS = ("find_user_id_by_email", "find_user_id_by_name_zip", "list_user_orders", "get_order_details",
-             "get_user_details", "return_delivered_order_items")
+    description = (
+        "Return the item the user describes by a property (most expensive, cheapest, an option, most "
+        "recent delivered order) among distractor orders, items and variants."
+    )
+    TOOLS = (
+        "find_user_id_by_email",
+        "find_user_id_by_name_zip",
+        "list_user_orders",
+        "get_order_details",
+        "get_user_details",
+        "return_delivered_order_items",
+    )
     KNOBS = {
         "n_orders": Knob(int, 3, 10, doc="orders of the customer"),
         "n_items": Knob(int, 2, 5, doc="items in the order the answer is in (distractor items)"),
@@ -35,7 +43,12 @@ class StructuredDataReasoning(SyntheticEnv):
     }
     LEVELS = [
         {"n_orders": 3, "n_items": 2, "kinds": ["most_expensive", "cheapest"], "gift_card_fraction": 0.0},
-        {"n_orders": 4, "n_items": 2, "kinds": ["most_expensive", "cheapest", "by_option"], "gift_card_fraction": 0.1},
+        {
+            "n_orders": 4,
+            "n_items": 2,
+            "kinds": ["most_expensive", "cheapest", "by_option"],
+            "gift_card_fraction": 0.1,
+        },
         {"n_orders": 5, "n_items": 3, "kinds": list(KINDS), "gift_card_fraction": 0.3},
         {"n_orders": 6, "n_items": 3, "kinds": list(KINDS), "gift_card_fraction": 0.3},
         {"n_orders": 8, "n_items": 4, "kinds": list(KINDS), "gift_card_fraction": 0.4},
@@ -58,23 +71,35 @@ class StructuredDataReasoning(SyntheticEnv):
         answers = [uid]
         if kind == "most_recent":
             n = len(orders)
-            m = n - 2 if rng.random() < 0.6 else n - 1  # the target: the newest delivered order with the product
-            o = rng.randrange(0, m)  # an older delivered order with the same product (other older ones may too)
+            m = (
+                n - 2 if rng.random() < 0.6 else n - 1
+            )  # the target: the newest delivered order with the product
+            o = rng.randrange(
+                0, m
+            )  # an older delivered order with the same product (other older ones may too)
             product = rng.choice(list(b.db["products"]))
             for i, order in enumerate(orders):
                 if i > m:
                     order["status"] = rng.choice(["pending", "processed"])
                     order["items"] = [b.random_line(product)] + lines_of_other_products(
-                        b, rng.randint(0, n_items - 1), {product})
+                        b, rng.randint(0, n_items - 1), {product}
+                    )
                 elif i in (m, o):
                     order["status"] = "delivered"
                     order["items"] = lines_of_other_products(b, rng.randint(0, n_items - 1), {product})
                     order["items"].insert(rng.randint(0, len(order["items"])), b.random_line(product))
             target = orders[m]
             line = next(x for x in target["items"] if x["product_id"] == product)
-            what = rng.choice(["I want to return the {p} from my most recent delivered order.",
-                               "Please return the {p} that came in my latest delivered order."]).format(p=line["name"])
-            reads = [call("list_user_orders", user_id=uid), call("get_order_details", order_id=target["order_id"])]
+            what = rng.choice(
+                [
+                    "I want to return the {p} from my most recent delivered order.",
+                    "Please return the {p} that came in my latest delivered order.",
+                ]
+            ).format(p=line["name"])
+            reads = [
+                call("list_user_orders", user_id=uid),
+                call("get_order_details", order_id=target["order_id"]),
+            ]
             answers.append(target["order_id"])
         else:
             target = rng.choice(orders)
@@ -86,9 +111,12 @@ class StructuredDataReasoning(SyntheticEnv):
                 lines = [other, line] + lines_of_other_products(b, n_items - 2, {product})
                 rng.shuffle(lines)
                 key = rng.choice([x for x in line["options"] if line["options"][x] != other["options"][x]])
-                what = rng.choice(["In order {o} I got two {p} items; I want to return the one with {k} {v}.",
-                                   "Please return the {p} with {k} {v} from my order {o}."]).format(
-                    o=target["order_id"], p=line["name"], k=key, v=line["options"][key])
+                what = rng.choice(
+                    [
+                        "In order {o} I got two {p} items; I want to return the one with {k} {v}.",
+                        "Please return the {p} with {k} {v} from my order {o}.",
+                    ]
+                ).format(o=target["order_id"], p=line["name"], k=key, v=line["options"][key])
             else:
                 while True:
                     lines = lines_of_other_products(b, n_items, set())
@@ -100,8 +128,12 @@ class StructuredDataReasoning(SyntheticEnv):
                     j = rng.randint(1, n_items - 1)
                     lines[0], lines[j] = lines[j], lines[0]
                 word = "most expensive" if kind == "most_expensive" else "cheapest"
-                what = rng.choice(["I want to return the {w} item in my order {o}.",
-                                   "From order {o}, please return the {w} item."]).format(w=word, o=target["order_id"])
+                what = rng.choice(
+                    [
+                        "I want to return the {w} item in my order {o}.",
+                        "From order {o}, please return the {w} item.",
+                    ]
+                ).format(w=word, o=target["order_id"])
             target["items"] = lines
             reads = [call("get_order_details", order_id=target["order_id"])]
         if rng.random() < k["gift_card_fraction"]:
@@ -116,14 +148,27 @@ class StructuredDataReasoning(SyntheticEnv):
         answers += [line["item_id"], price]
         oid = target["order_id"]
         reference = [
-            auth, *reads,
-            call("return_delivered_order_items", order_id=oid, item_ids=[line["item_id"]], payment_method_id=pm),
-            say(f"The return of the {line['name']} from order {oid} is requested. "
-                f"You will get {price} dollars back to {pm}."),
+            auth,
+            *reads,
+            call(
+                "return_delivered_order_items", order_id=oid, item_ids=[line["item_id"]], payment_method_id=pm
+            ),
+            say(
+                f"The return of the {line['name']} from order {oid} is requested. "
+                f"You will get {price} dollars back to {pm}."
+            ),
         ]
-        return Scenario(b.db, uid, ident, f"{what} {where} How much will I get back?", reference, answers,
-                        required_facts=[price], variant=kind,
-                        data={"order_id": oid, "item_id": line["item_id"], "payment_method_id": pm})
+        return Scenario(
+            b.db,
+            uid,
+            ident,
+            f"{what} {where} How much will I get back?",
+            reference,
+            answers,
+            required_facts=[price],
+            variant=kind,
+            data={"order_id": oid, "item_id": line["item_id"], "payment_method_id": pm},
+        )
 
     def grade(self) -> tuple[dict[str, float], dict[str, Any]]:
         d = self._scenario.data
@@ -133,5 +178,7 @@ class StructuredDataReasoning(SyntheticEnv):
         item_ok = order_ok and order.get("return_items") == [d["item_id"]]
         pm_ok = order_ok and (order.get("refund") or {}).get("payment_method_id") == d["payment_method_id"]
         comm, missing, wrong = self.communicate()
-        return ({"order": float(order_ok), "item": float(item_ok), "payment": float(pm_ok), "communicate": comm},
-                {"changed_orders": sorted(changed), "missing_facts": missing, "wrong_facts": wrong})
+        return (
+            {"order": float(order_ok), "item": float(item_ok), "payment": float(pm_ok), "communicate": comm},
+            {"changed_orders": sorted(changed), "missing_facts": missing, "wrong_facts": wrong},
+        )

@@ -34,12 +34,22 @@ EXCHANGE_FIELDS = ("status", "exchange_items", "exchange_new_items", "exchange_p
 class ToolCallingPrecision(SyntheticEnv):
     capability = "tool_calling_precision"
     description = "A single write call (address change or item exchange) whose arguments must be exact."
-    TOOLS = ("find_user_id_by_email", "find_user_id_by_name_zip", "get_order_details", "get_product_details",
-             "modify_user_address", "exchange_delivered_order_items")
+    TOOLS = (
+        "find_user_id_by_email",
+        "find_user_id_by_name_zip",
+        "get_order_details",
+        "get_product_details",
+        "modify_user_address",
+        "exchange_delivered_order_items",
+    )
     KNOBS = {
         "kinds": Knob(list, choices=KINDS, doc="task kinds"),
-        "trap_fraction": Knob(float, 0.0, 1.0, doc="probability of the harder format (leading-zero zip + address2; "
-                                                    "several exchanged items)"),
+        "trap_fraction": Knob(
+            float,
+            0.0,
+            1.0,
+            doc="probability of the harder format (leading-zero zip + address2; several exchanged items)",
+        ),
         "max_items": Knob(int, 1, 3, doc="most items exchanged at once (when trapped)"),
         "n_orders": Knob(int, 2, 10, doc="orders of the customer"),
     }
@@ -62,12 +72,28 @@ class ToolCallingPrecision(SyntheticEnv):
         trap = rng.random() < k["trap_fraction"]
         if kind == "address":
             a = new_address(b, user, leading_zero=trap, address2=trap)
-            request = rng.choice(["Please update my default address to {t}.", "I moved. My new address is {t}.",
-                                  "Can you change my address to {t}?"]).format(t=address_text(a))
-            reference = [auth, call("modify_user_address", user_id=uid, **a),
-                         say(f"Your default address is now {address_text(a)}.")]
-            return Scenario(b.db, uid, ident, request, reference, [uid], variant="address_trap" if trap else "address",
-                            data={"kind": "address", "key": uid})
+            request = rng.choice(
+                [
+                    "Please update my default address to {t}.",
+                    "I moved. My new address is {t}.",
+                    "Can you change my address to {t}?",
+                ]
+            ).format(t=address_text(a))
+            reference = [
+                auth,
+                call("modify_user_address", user_id=uid, **a),
+                say(f"Your default address is now {address_text(a)}."),
+            ]
+            return Scenario(
+                b.db,
+                uid,
+                ident,
+                request,
+                reference,
+                [uid],
+                variant="address_trap" if trap else "address",
+                data={"kind": "address", "key": uid},
+            )
         order = rng.choice(orders)
         order["status"] = "delivered"
         n = rng.randint(2, k["max_items"]) if trap and k["max_items"] > 1 else 1
@@ -83,18 +109,46 @@ class ToolCallingPrecision(SyntheticEnv):
             new["available"] = True  # the requested variant can be exchanged to
             news.append(new)
             diff += new["price"] - line["price"]
-            parts.append(f"the {line['name']} ({describe(line['options'])}) for the one with {describe(new['options'])}")
+            parts.append(
+                f"the {line['name']} ({describe(line['options'])}) for the one with {describe(new['options'])}"
+            )
         oid = order["order_id"]
-        request = f"In my order {oid} I'd like to exchange " + " and ".join(parts) + ". Use the original payment method."
+        request = (
+            f"In my order {oid} I'd like to exchange "
+            + " and ".join(parts)
+            + ". Use the original payment method."
+        )
         reads = [call("get_order_details", order_id=oid)]
-        reads += [call("get_product_details", product_id=pid) for pid in dict.fromkeys(x["product_id"] for x in lines)]
-        write = call("exchange_delivered_order_items", order_id=oid, item_ids=[x["item_id"] for x in lines],
-                     new_item_ids=[v["item_id"] for v in news], payment_method_id=order["payment_method_id"])
-        reference = [auth, *reads, write,
-                     say(f"The exchange in order {oid} is requested; the price difference is {money(diff):.2f} dollars.")]
+        reads += [
+            call("get_product_details", product_id=pid)
+            for pid in dict.fromkeys(x["product_id"] for x in lines)
+        ]
+        write = call(
+            "exchange_delivered_order_items",
+            order_id=oid,
+            item_ids=[x["item_id"] for x in lines],
+            new_item_ids=[v["item_id"] for v in news],
+            payment_method_id=order["payment_method_id"],
+        )
+        reference = [
+            auth,
+            *reads,
+            write,
+            say(
+                f"The exchange in order {oid} is requested; the price difference is {money(diff):.2f} dollars."
+            ),
+        ]
         answers = [uid] + [x["item_id"] for x in lines] + [v["item_id"] for v in news]
-        return Scenario(b.db, uid, ident, request, reference, answers, variant=f"exchange_{n}",
-                        data={"kind": "exchange", "key": oid})
+        return Scenario(
+            b.db,
+            uid,
+            ident,
+            request,
+            reference,
+            answers,
+            variant=f"exchange_{n}",
+            data={"kind": "exchange", "key": oid},
+        )
 
     def grade(self) -> tuple[dict[str, float], dict[str, Any]]:
         d = self._scenario.data
@@ -112,5 +166,8 @@ class ToolCallingPrecision(SyntheticEnv):
         other = (self.changed("users") | self.changed("orders")) - {d["key"]}
         if other:
             frac *= 0.5
-        return {"fields": frac}, {"written": True, "wrong_fields": [f for f in fields if f not in right],
-                                  "collateral": sorted(other)}
+        return {"fields": frac}, {
+            "written": True,
+            "wrong_fields": [f for f in fields if f not in right],
+            "collateral": sorted(other),
+        }
