@@ -75,3 +75,19 @@ def validate_arguments(tool: dict[str, Any], arguments: Any) -> list[str]:
     errors: list[str] = []
     _check_object(arguments, params, "", errors)
     return errors
+
+
+def decode_tool_call(action: dict[str, Any], tools: dict[str, dict[str, Any]]) -> tuple[str, Any, str | None]:
+    """(name, arguments, error observation or None) for a tool-call action against the exposed `tools`:
+    unknown tools and unparsable JSON-string arguments (the OpenAI transport form) become error texts."""
+    name, args = action.get("name"), action.get("arguments", {})
+    if not isinstance(name, str) or name not in tools:
+        return str(name), args, f"Error: unknown tool {name!r}"
+    if isinstance(args, str):
+        import json
+
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError as exc:
+            return name, args, f"Error: arguments are not valid JSON ({exc.msg})"
+    return name, args, None

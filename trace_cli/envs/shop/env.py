@@ -12,17 +12,17 @@ Reward (documented contract, see `verify`):
 from __future__ import annotations
 
 import copy
-import json
 import marshal
 import random
 import re
 from typing import Any
 
-from trace_cli.envs.base import Observation, RewardBreakdown, StepResult
+from trace_cli.envs.base import Observation, RewardBreakdown
+from trace_cli.envs.conversation import ScriptedConversation
 from trace_cli.envs.shop.tasks import CAPABILITIES, FAMILIES, FAMILY_CAPABILITIES, Task
 from trace_cli.envs.shop.tools import TOOL_SCHEMAS, ShopTools, ToolError
 from trace_cli.envs.shop.user import ScriptedUser
-from trace_cli.envs.validation import validate_arguments
+from trace_cli.envs.validation import decode_tool_call, validate_arguments
 from trace_cli.errors import UsageError
 
 # Kept short on purpose: a tiny model is trained on these transcripts (≤ ~600 characters).
@@ -66,7 +66,7 @@ def fact_communicated(fact: str, messages: list[str]) -> bool:
     return any(value in _numbers(m) for m in messages)
 
 
-class ShopEnv:
+class ShopEnv(ScriptedConversation):
     """One task per `reset(seed)`; satisfies `trace_cli.envs.base.Environment`."""
 
     name = "shop"
@@ -157,61 +157,12 @@ class ShopEnv:
             raise UsageError("call reset(seed) before using the environment")
         return self._task
 
-    def step(self, action: dict[str, Any]) -> StepResult:
-        self._require_task()
-        if self.done:
-            return StepResult(
-                "Error: the episode is over",
-                role="user",
-                done=True,
-                reward=self.verify().reward,
-                error=True,
-                info={"termination": self.termination},
-            )
-        self.turns += 1
-        if isinstance(action, dict) and "name" in action:
-            observation, error, role = *self._tool_call(action), "tool"
-            if action.get("name") == "transfer_to_human_agents" and not error:
-                self._finish("transfer")
-        elif isinstance(action, dict) and "content" in action:
-            role, error = "user", False
-            content = action["content"]
-            if not isinstance(content, str):
-                observation, error = "Error: a message's content must be a string", True
-            else:
-                self.agent_messages.append(content)
-                observation, ends = self.user.reply(content)
-                if ends:
-                    self._finish("user_stop")
-        else:
-            observation, error, role = (
-                ('Error: an action is a tool call {"name", "arguments"} or a message {"content"}'),
-                True,
-                "tool",
-            )
-        if not self.done and self.turns >= self.max_turns:
-            self._finish("max_turns")
-        return StepResult(
-            observation,
-            role=role,
-            done=self.done,
-            reward=self.verify().reward,
-            error=error,
-            info={"turn": self.turns, "termination": self.termination},
-        )
-
-    def _finish(self, why: str) -> None:
-        self.done, self.termination = True, why
+    _started = _require_task
 
     def _tool_call(self, action: dict[str, Any]) -> tuple[str, bool]:
-        name, args = action.get("name"), action.get("arguments", {})
-        if not isinstance(name, str) or name not in self._tools:
-            return f"Error: unknown tool {name!r}", True
-        if isinstance(args, str):  # OpenAI transports arguments as a JSON string
-            try:
-                args = json.loads(args) if args.strip() else {}
-            except json.JSONDecodeError as exc:
-                return f"Error: arguments are not valid JSON ({exc.msg})", True
+        name, args, bad = decode_tool_call(action, self._tools)
+        if bad:
+            return bad, True
         problems = validate_arguments(self._tools[name], args)
         if problems:
             return f"Error: {name}: " + "; ".join(problems), True

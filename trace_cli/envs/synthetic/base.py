@@ -19,17 +19,17 @@ from __future__ import annotations
 
 import copy
 import inspect
-import json
 import marshal
 import random
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from trace_cli.envs.base import Observation, RewardBreakdown, StepResult
+from trace_cli.envs.base import Observation, RewardBreakdown
+from trace_cli.envs.conversation import ScriptedConversation
 from trace_cli.envs.shop.env import POLICY, fact_communicated
 from trace_cli.envs.shop.tools import TOOL_SCHEMAS, ShopTools, ToolError
 from trace_cli.envs.shop.user import ScriptedUser
-from trace_cli.envs.validation import validate_arguments
+from trace_cli.envs.validation import decode_tool_call, validate_arguments
 from trace_cli.errors import UsageError
 
 Action = dict[str, Any]
@@ -178,7 +178,7 @@ def _impl_params(name: str) -> tuple[set[str], set[str]]:
     return _IMPL_PARAMS[name]
 
 
-class SyntheticEnv:
+class SyntheticEnv(ScriptedConversation):
     """Base class of the capability templates; satisfies `trace_cli.envs.base.Environment`."""
 
     capability: ClassVar[str] = ""
@@ -315,61 +315,14 @@ class SyntheticEnv:
             raise UsageError("call reset(seed) before using the environment")
         return self._scenario
 
+    _started = _require
+    ends_on_transfer = False  # synthetic episodes end on the user's goodbye or max_turns only
+
     # -- acting --------------------------------------------------------------------------------------------
-    def step(self, action: dict[str, Any]) -> StepResult:
-        self._require()
-        if self.done:
-            return StepResult(
-                "Error: the episode is over",
-                role="user",
-                done=True,
-                reward=self.verify().reward,
-                error=True,
-                info={"termination": self.termination},
-            )
-        self.turns += 1
-        if isinstance(action, dict) and "name" in action:
-            observation, error = self._tool_call(action)
-            role = "tool"
-        elif isinstance(action, dict) and "content" in action:
-            role, error = "user", False
-            content = action["content"]
-            if not isinstance(content, str):
-                observation, error = "Error: a message's content must be a string", True
-            else:
-                self.agent_messages.append(content)
-                observation, ends = self.user.reply(content)
-                if ends:
-                    self._finish("user_stop")
-        else:
-            observation, error, role = (
-                'Error: an action is a tool call {"name", "arguments"} or a message {"content"}',
-                True,
-                "tool",
-            )
-        if not self.done and self.turns >= self.max_turns:
-            self._finish("max_turns")
-        return StepResult(
-            observation,
-            role=role,
-            done=self.done,
-            reward=self.verify().reward,
-            error=error,
-            info={"turn": self.turns, "termination": self.termination},
-        )
-
-    def _finish(self, why: str) -> None:
-        self.done, self.termination = True, why
-
     def _tool_call(self, action: dict[str, Any]) -> tuple[str, bool]:
-        name, args = action.get("name"), action.get("arguments", {})
-        if not isinstance(name, str) or name not in self.tool_schemas:
-            return f"Error: unknown tool {name!r}", True
-        if isinstance(args, str):
-            try:
-                args = json.loads(args) if args.strip() else {}
-            except json.JSONDecodeError as exc:
-                return f"Error: arguments are not valid JSON ({exc.msg})", True
+        name, args, bad = decode_tool_call(action, self.tool_schemas)
+        if bad:
+            return bad, True
         problems = validate_arguments(self.tool_schemas[name], args)
         if not problems:
             # A target schema (e.g. recovered from rollouts) can be looser than the implementation needs.
