@@ -143,9 +143,9 @@ def _text_outside_calls(raw: str) -> str:
 
 def _strip_end(text: str) -> str:
     """Drop end-of-turn markers: the chat template adds its own when the history is rendered again."""
-    for t in ("<|im_end|>", "<|endoftext|>"):
-        text = text.split(t)[0]
-    return text
+    from trace_cli.models.chat import cut_at_end
+
+    return cut_at_end(text)
 
 
 def finish(state: EpisodeState) -> EpisodeResult:

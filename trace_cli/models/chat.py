@@ -16,10 +16,15 @@ THINK_RE = re.compile(r"<think>.*?</think>", re.S)
 END_TOKENS = ("<|im_end|>", "<|endoftext|>")
 
 
-def strip_text(text: str) -> str:
+def cut_at_end(text: str) -> str:
+    """Drop everything from the first end-of-turn marker on (the chat template adds its own)."""
     for t in END_TOKENS:
         text = text.split(t)[0]
-    return THINK_RE.sub("", text).strip()
+    return text
+
+
+def strip_text(text: str) -> str:
+    return THINK_RE.sub("", cut_at_end(text)).strip()
 
 
 def parse_assistant(text: str) -> list[dict[str, Any]]:
