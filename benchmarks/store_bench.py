@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Store benchmark: `trace ingest` throughput and a GROUP BY over >= 1 M tool calls via the DuckDB index.
 
-1. Generates a synthetic corpus shaped like the shared τ²-bench results (../shared/data/tau2/results_*.json):
+1. Generates a synthetic corpus shaped like the vendored τ²-bench results (examples/tau2/results_*.json):
    real simulations are sampled (weighted towards longer ones until the corpus reaches the tool-call
    target) and mutated (simulation ids, tool-call ids, task ids -> task variants with trials, seeds,
    rewards). The corpus is written twice: as τ²-bench results files (one domain per file, sharded) and as
@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-TAU2_DIR = (REPO / ".." / "shared" / "data" / "tau2").resolve()
+TAU2_DIR = REPO / "examples" / "tau2"
 CORPUS_VERSION = 1
 
 GOAL_INGEST_EPS = 10_000.0
@@ -124,7 +124,7 @@ def load_domains(tau2_dir: Path) -> list[Domain]:
     files = sorted(tau2_dir.glob("results_*.json"))
     if not files:
         raise SystemExit(
-            f"no τ²-bench results files in {tau2_dir} (expected ../shared/data/tau2 beside the repo)"
+            f"no τ²-bench results files in {tau2_dir} (the repository vendors them in examples/tau2)"
         )
     domains = []
     for f in files:
@@ -733,7 +733,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--generate-only", action="store_true", help="only write the corpus (use with --workdir)")
     p.add_argument("--strict", action="store_true", help="exit 3 when a goal is missed")
-    p.add_argument("--tau2-dir", default=str(TAU2_DIR), help="the shared τ²-bench data")
+    p.add_argument("--tau2-dir", default=str(TAU2_DIR), help="τ²-bench results files (default: the vendored examples/tau2)")
     a = p.parse_args(argv)
     if a.episodes is None:
         a.episodes = 2000 if a.quick else 100_000

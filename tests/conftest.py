@@ -23,8 +23,8 @@ def _quiet_env(monkeypatch):
 
 @pytest.fixture(scope="session")
 def tau2_dir() -> Path:
-    if not all((TAU2_DIR / f).is_file() for f in TAU2_FILES.values()):
-        pytest.skip(f"shared τ²-bench data not found at {TAU2_DIR} (expected beside the repository)")
+    missing = [f for f in TAU2_FILES.values() if not (TAU2_DIR / f).is_file()]
+    assert not missing, f"vendored τ²-bench data missing from {TAU2_DIR}: {missing}"
     return TAU2_DIR
 
 

@@ -1,4 +1,4 @@
-"""Test helpers: paths to the shared τ²-bench data, in-process/subprocess `trace` runs, store snapshots, JSONL records."""
+"""Test helpers: paths to the vendored τ²-bench data, in-process/subprocess `trace` runs, store snapshots, JSONL records."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-# The shared data lives beside the repository (repo/../shared), both here and in CI clones.
-TAU2_DIR = (REPO / ".." / "shared" / "data" / "tau2").resolve()
+# The τ²-bench sample files are vendored in the repository (examples/tau2, MIT licence).
+TAU2_DIR = REPO / "examples" / "tau2"
 TAU2_FILES = {
     "retail": "results_gpt-4.1_retail_test.json",
     "airline": "results_gpt-4.1_airline_test.json",

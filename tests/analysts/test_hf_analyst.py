@@ -162,8 +162,6 @@ def test_unknown_model_is_a_usage_error(hf_store):
 
 @pytest.mark.slow
 def test_tiny_model_on_tau2_retail(hf_store):
-    if not (TAU2_DIR / TAU2_FILES["retail"]).is_file():
-        pytest.skip("shared τ²-bench data not found")
     execute(
         "ingest", {"format": "tau2", "path": str(TAU2_DIR / TAU2_FILES["retail"])}, hf_store, name="retail"
     )

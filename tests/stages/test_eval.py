@@ -15,7 +15,8 @@ import tinymodel  # noqa: E402
 from trace_testing import run_cli, snapshot  # noqa: E402
 
 from trace_cli.envs.shop import CAPABILITIES, FAMILIES  # noqa: E402
-from trace_cli.stages.eval import pass_hat_k, summarize  # noqa: E402
+from trace_cli.stages.eval import summarize  # noqa: E402
+from trace_cli.store.metrics import pass_hat_k  # noqa: E402
 from trace_cli.store import Store  # noqa: E402
 
 
@@ -124,7 +125,21 @@ def test_pass_hat_k_formula():
     assert [pass_hat_k(3, 3, k) for k in (1, 2, 3)] == [1.0, 1.0, 1.0]
     assert [pass_hat_k(0, 4, k) for k in (1, 2, 3, 4)] == [0.0] * 4
     assert pass_hat_k(3, 4, 2) == pytest.approx(3 / 6)
-    assert math.isnan(pass_hat_k(1, 2, 3))  # k > n: undefined
+    with pytest.raises(ValueError):
+        pass_hat_k(1, 2, 3)  # k > n: undefined (summaries never ask: k stops at the smallest n)
+
+
+def test_uneven_trials_lower_max_k_never_nan():
+    from trace_cli.store.metrics import summarize as pass_summary
+
+    rows = [{"task_id": "a", "success": True, "reward": 1.0, "domain": "d"} for _ in range(3)]
+    rows += [{"task_id": "b", "success": s, "reward": float(s), "domain": "d"} for s in (True, False)]
+    summary, per_task = pass_summary(rows, "domain")
+    assert set(summary["pass^k"]) == {"1", "2"}  # k <= min(3, 2)
+    assert summary["pass^k"]["1"] == pytest.approx((1.0 + 0.5) / 2)
+    assert summary["pass^k"]["2"] == pytest.approx((1.0 + 0.0) / 2)
+    assert summary["groups"]["d"]["pass@1"] == pytest.approx(0.75)
+    assert all(not math.isnan(v) for t in per_task for v in t["pass_hat_k"].values())
 
 
 def test_summarize_hand_made_example():

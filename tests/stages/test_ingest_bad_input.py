@@ -77,9 +77,9 @@ TAU2_CASES = {
         lambda d: _set(d, ["simulations", 1], 7),
         ["simulations[1]: expected an object, got int"],
     ),
-    "missing_reward_info": (
-        lambda d: _del(d, ["simulations", 0, "reward_info"]),
-        ["simulations[0] (id {sim0}): reward_info: missing"],
+    "reward_info_wrong_type": (
+        lambda d: _set(d, ["simulations", 0, "reward_info"], [1.0]),
+        ["simulations[0] (id {sim0}): reward_info: expected an object, got array"],
     ),
     "reward_not_number": (
         lambda d: _set(d, ["simulations", 1, "reward_info", "reward"], "1.0"),
@@ -89,17 +89,17 @@ TAU2_CASES = {
         lambda d: _set(d, ["simulations", 1, "reward_info", "reward"], True),
         ["simulations[1] (id {sim1}): reward_info.reward: expected a number, got boolean"],
     ),
-    "reward_missing": (
-        lambda d: _del(d, ["simulations", 2, "reward_info", "reward"]),
-        ["simulations[2] (id {sim2}): reward_info.reward: missing"],
+    "reward_wrong_type": (
+        lambda d: _set(d, ["simulations", 2, "reward_info", "reward"], "1.0"),
+        ["simulations[2] (id {sim2}): reward_info.reward: expected a number, got string"],
     ),
     "task_id_wrong_type": (
         lambda d: _set(d, ["simulations", 0, "task_id"], ["t1"]),
-        ["simulations[0] (id {sim0}): task_id: missing or not a string (got array)"],
+        ["simulations[0] (id {sim0}): task_id: not a string (got array)"],
     ),
     "trial_wrong_type": (
         lambda d: _set(d, ["simulations", 0, "trial"], "first"),
-        ["simulations[0] (id {sim0}): trial: expected an integer, got string"],
+        ["simulations[0] (id {sim0}): trial: expected an integer or null, got string"],
     ),
     "duplicate_simulation_ids": (
         lambda d: _set(d, ["simulations", 2, "id"], d["simulations"][0]["id"]),
@@ -162,8 +162,8 @@ def test_bad_tau2(case, tau2_small, populated, tmp_path):
 
 def test_bad_tau2_reports_every_bad_record(tau2_small, populated, tmp_path):
     doc = copy.deepcopy(tau2_small)
-    del doc["simulations"][0]["reward_info"]
-    doc["simulations"][2]["task_id"] = None
+    doc["simulations"][0]["reward_info"] = "passed"
+    doc["simulations"][2]["task_id"] = {"id": 1}
     doc["simulations"][2]["messages"][0]["role"] = "narrator"
     f = tmp_path / "two_bad.json"
     f.write_text(json.dumps(doc))
@@ -172,8 +172,8 @@ def test_bad_tau2_reports_every_bad_record(tau2_small, populated, tmp_path):
         ["ingest", "tau2", f],
         [
             "2 bad records; nothing was written",
-            f"simulations[0] (id {doc['simulations'][0]['id']}): reward_info: missing",
-            f"simulations[2] (id {doc['simulations'][2]['id']}): task_id: missing or not a string (got null); "
+            f"simulations[0] (id {doc['simulations'][0]['id']}): reward_info: expected an object, got string",
+            f"simulations[2] (id {doc['simulations'][2]['id']}): task_id: not a string (got object); "
             "messages[0].role: 'narrator'",
             "--on-error skip",
         ],
@@ -345,5 +345,5 @@ def test_on_error_skip_tau2(tau2_small, populated, tmp_path):
 def test_on_error_skip_with_nothing_good_writes_nothing(populated, tmp_path):
     f = write_jsonl(tmp_path / "allbad.jsonl", ["{", '{"task_id": 1}'])
     _assert_rejected(
-        populated, ["ingest", "jsonl", f, "--on-error", "skip"], ["no valid records (all 2 rejected)"]
+        populated, ["ingest", "jsonl", f, "--on-error", "skip"], ["no records to ingest (2 rejected)"]
     )

@@ -56,15 +56,16 @@ def test_jsonl_happy_path(tmp_path, store):
     r = run_cli("ingest", "jsonl", f, "--name", "mine", "--json", "--store", store)
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
-    assert out["summary"] == {
+    summary = out["summary"]
+    assert {k: summary[k] for k in ("episodes", "successes", "failures", "tool_calls", "rejected")} == {
         "episodes": 2,
         "successes": 1,
         "failures": 1,
         "tool_calls": 4,
         "rejected": 0,
-        "format": "jsonl",
-        "source": "eps.jsonl",
     }
+    assert (summary["format"], summary["source"], summary["excluded"]) == ("jsonl", "eps.jsonl", 0)
+    assert summary["pass@1"] == 0.5 and summary["pass^k"] == {"1": 0.5}
     art = Store(store).resolve("store://rollouts/mine")
     assert art.id == out["id"]
     assert not (art.path / "rejects.jsonl").exists()

@@ -1,4 +1,4 @@
-"""`trace ingest tau2` on the three real τ²-bench results files in ../shared/data/tau2."""
+"""`trace ingest tau2` on the three real τ²-bench results files vendored in examples/tau2."""
 
 from __future__ import annotations
 

@@ -109,11 +109,23 @@ def test_index_opens_in_the_plain_duckdb_cli(populated):
     version = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=30)
     print("duckdb CLI", version.stdout.strip())
     idx = populated / "index.duckdb"
+    # The views name files relative to the store: run from the store, or tell DuckDB where it is.
     r = subprocess.run(
-        [str(exe), "-readonly", str(idx), "-csv", "-noheader", "-c", "select count(*) from episodes"],
+        [str(exe), "-readonly", "index.duckdb", "-csv", "-noheader", "-c", "select count(*) from episodes"],
         capture_output=True,
         text=True,
         timeout=60,
+        cwd=populated,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "42"
+    r = subprocess.run(
+        [str(exe), "-readonly", str(idx), "-csv", "-noheader", "-cmd", f"SET file_search_path = '{populated}'"]
+        + ["-c", "select count(*) from episodes"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=populated,
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "42"
@@ -121,7 +133,7 @@ def test_index_opens_in_the_plain_duckdb_cli(populated):
         [
             str(exe),
             "-readonly",
-            str(idx),
+            "index.duckdb",
             "-csv",
             "-noheader",
             "-c",
@@ -131,6 +143,7 @@ def test_index_opens_in_the_plain_duckdb_cli(populated):
         capture_output=True,
         text=True,
         timeout=60,
+        cwd=populated,
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "4,365,4,125"
@@ -327,30 +340,23 @@ def test_reindex_ignores_a_stale_wal(populated):
     assert _all(populated) == before
 
 
-def test_a_moved_store_is_reindexed_on_use(populated, tmp_path):
-    """Views hold absolute paths; a copied or moved store notices and rebuilds its index instead of failing."""
+def test_a_moved_store_needs_no_reindex(populated, tmp_path):
+    """The index names files relative to the store: a moved store answers the same, paths included."""
     before = _all(populated)
     moved = tmp_path / "elsewhere" / "store"
     shutil.copytree(populated, moved)
     shutil.rmtree(populated)
     after = _all(moved)
-    assert after[1:] != [] and after[3:6] == before[3:6]  # episodes and tool_calls aggregates
-    assert [a["path"] for a in after[0]] == [a["path"].replace(str(populated), str(moved)) for a in before[0]]
+    assert after == before
+    assert all(not a["path"].startswith("/") for a in after[0])
     exe = Path(sys.executable).parent / "duckdb"
-    if exe.exists():  # the rebuilt file works for the plain CLI too
+    if exe.exists():  # the plain CLI, run from the store
         r = subprocess.run(
-            [
-                str(exe),
-                "-readonly",
-                str(moved / "index.duckdb"),
-                "-csv",
-                "-noheader",
-                "-c",
-                "select count(*) from episodes",
-            ],
+            [str(exe), "-readonly", "index.duckdb", "-csv", "-noheader", "-c", "select count(*) from episodes"],
             capture_output=True,
             text=True,
             timeout=60,
+            cwd=moved,
         )
         assert r.returncode == 0 and r.stdout.strip() == "42", r.stderr
     # and writing into the moved store keeps every artifact queryable
@@ -359,3 +365,22 @@ def test_a_moved_store_is_reindexed_on_use(populated, tmp_path):
     assert run_cli("ingest", "jsonl", f, "--store", tmp_path / "again").exit_code == 0
     r = run_cli("store", "sql", "select count(*) as n from episodes", "--json", "--store", tmp_path / "again")
     assert json.loads(r.stdout) == [{"n": 43}]
+
+
+def test_copied_store_answers_from_its_own_files(populated, tmp_path):
+    """A copy (and then a move of the original) answers the same queries without reindex, and reads only its
+    own files: the original is moved away first, then the copy's episodes file is changed underneath it."""
+    import shutil
+
+    before = _all(populated)
+    index_bytes = (populated / "index.duckdb").read_bytes()
+    copy = tmp_path / "elsewhere" / "copy"
+    shutil.copytree(populated, copy)
+    populated.rename(tmp_path / "moved-away")
+    assert (copy / "index.duckdb").read_bytes() == index_bytes  # nothing rebuilt it
+    assert _all(copy) == before
+    assert (copy / "index.duckdb").read_bytes() == index_bytes  # still not rebuilt by the queries
+    # the copy's own files are what its views read: removing one of them shows in its answers
+    shutil.rmtree(copy / "rollouts")
+    r = run_cli("store", "sql", "select count(*) from episodes", "--store", copy)
+    assert r.exit_code != 0 or "0" in r.output

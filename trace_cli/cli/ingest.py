@@ -57,22 +57,32 @@ def _run(fmt, file, name, on_error, source, force, as_json, store_dir):
     if out.skipped:
         info(f"up to date: {file} was already ingested as {art.uri} (use --force to redo)")
     s = art.summary
+    ks = sorted(s.get("pass^k") or {}, key=int)
     print_table(
-        ["artifact", "episodes", "successes", "failures", "tool_calls", "rejected"],
-        [[art.uri, s["episodes"], s["successes"], s["failures"], s["tool_calls"], s["rejected"]]],
+        ["artifact", "episodes", "successes", "failures", "tool_calls", "rejected", "excluded", "pass@1"]
+        + [f"pass^{k}" for k in ks],
+        [
+            [art.uri, s["episodes"], s["successes"], s["failures"], s["tool_calls"], s["rejected"]]
+            + [s.get("excluded", 0), s.get("pass@1")]
+            + [s["pass^k"][k] for k in ks]
+        ],
     )
-    if s.get("rejected"):
-        info(f"{s['rejected']} record(s) rejected; reasons in {art.path / 'rejects.jsonl'}")
+    if s.get("rejected") or s.get("excluded"):
+        info(f"{s['rejected']} rejected, {s.get('excluded', 0)} excluded; reasons in {art.path / 'rejects.jsonl'}")
+    if s.get("derived_task_ids"):
+        info(f"{s['derived_task_ids']} run(s) had no task_id: derived from the first user message (info.task_id_derived)")
 
 
 @ingest.command(
     "tau2",
-    epilog="Example:\n\n  trace ingest tau2 ../shared/data/tau2/results_gpt-4.1_retail_test.json --name retail",
+    epilog="Example:\n\n  trace ingest tau2 examples/tau2/results_gpt-4.1_retail_test.json --name retail",
 )
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=click.Path())
 @_options
 def tau2(file, name, on_error, source, force, as_json, store_dir):
-    """Read a τ²-bench results JSON (info, tasks, simulations) into a rollouts artifact."""
+    """Read τ²-bench results into a rollouts artifact: a results JSON (info, tasks, simulations) or a per-run
+    directory (results.json + simulations/<id>.json). Runs τ²-bench excludes from its metrics
+    (infrastructure_error, no reward_info) are excluded, counted and listed in rejects.jsonl."""
     _run("tau2", file, name, on_error, source, force, as_json, store_dir)
 
 

@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import json
-import math
-from collections import defaultdict
 from typing import Any
 
 import pyarrow as pa
@@ -59,11 +57,6 @@ def parse_seeds(spec: Any) -> list[int]:
     return list(range(a, b))
 
 
-def pass_hat_k(c: int, n: int, k: int) -> float:
-    """τ²-bench pass^k for one task with c successes out of n trials: C(c, k) / C(n, k)."""
-    return math.comb(c, k) / math.comb(n, k) if n >= k else float("nan")
-
-
 def prepare(config: dict[str, Any], store: Store) -> Prepared:
     from trace_cli.envs.refs import env_identity
     from trace_cli.envs.registry import make_env
@@ -86,40 +79,11 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
 
 
 def summarize(rows: list[dict[str, Any]], trials: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in rows:
-        by_task[r["task_id"]].append(r)
-    ks = list(range(1, trials + 1))
-    per_task = []
-    for tid, eps in by_task.items():
-        c, n = sum(e["success"] for e in eps), len(eps)
-        per_task.append(
-            {
-                "task_id": tid,
-                "task_family": eps[0]["task_family"],
-                "seed": eps[0]["seed"],
-                "trials": n,
-                "successes": c,
-                "mean_reward": sum(e["reward"] for e in eps) / n,
-                "pass_hat_k": {str(k): pass_hat_k(c, n, k) for k in ks},
-            }
-        )
+    """pass@1 / pass^k overall and per task family (k up to `trials`, lowered as τ²-bench does)."""
+    from trace_cli.store.metrics import summarize as pass_summary
 
-    def agg(tasks: list[dict[str, Any]]) -> dict[str, Any]:
-        n_eps = sum(t["trials"] for t in tasks)
-        return {
-            "tasks": len(tasks),
-            "episodes": n_eps,
-            "mean_reward": sum(t["mean_reward"] * t["trials"] for t in tasks) / n_eps,
-            "pass@1": sum(t["successes"] / t["trials"] for t in tasks) / len(tasks),
-            "pass^k": {str(k): sum(t["pass_hat_k"][str(k)] for t in tasks) / len(tasks) for k in ks},
-        }
-
-    fams: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for t in per_task:
-        fams[t["task_family"] or "-"].append(t)
-    summary = agg(per_task)
-    summary["families"] = {f: agg(ts) for f, ts in sorted(fams.items())}
+    summary, per_task = pass_summary(rows, "task_family", max_k=trials)
+    summary["families"] = summary.pop("groups")
     return summary, per_task
 
 

@@ -22,34 +22,42 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from trace_cli.errors import InputError
 from trace_cli.progress import track
 from trace_cli.stages.base import Prepared, checked_config
 from trace_cli.store import Artifact, Store, file_input, layout
+from trace_cli.store.metrics import summarize as pass_summary
 from trace_cli.store.rollouts import rows_table, string_array, tool_call_tuples, write_tables
-from trace_cli.store.tables import EPISODES_SCHEMA, TOOL_CALLS_SCHEMA
+from trace_cli.store.tables import EPISODES_SCHEMA, TOOL_CALLS_SCHEMA, TableSpec, register_table
 
 NAME = "ingest"
 PATH_KEYS = ("path",)
 OUTPUTS = {"rollouts": "rollouts"}
-SUCCESS_TOL = 1e-6  # τ²-bench: a task succeeds when |reward - 1| <= 1e-6
+from trace_cli.store.metrics import SUCCESS_TOL  # noqa: E402  (τ²-bench: success when |reward - 1| <= 1e-6)
 
 
 class RecordError(Exception):
     """One bad record: where it is and every problem with it."""
 
-    def __init__(self, where: str, problems: list[str], raw: Any = None):
+    def __init__(self, where: str, problems: list[str], raw: Any = None, excluded: bool = False):
         super().__init__(f"{where}: " + "; ".join(problems))
         self.where = where
         self.problems = problems
         self.raw = raw
+        # a valid run that τ²-bench itself leaves out of its metrics (infrastructure error, no reward):
+        # never fails the file, always listed in rejects.jsonl
+        self.excluded = excluded
 
 
 def prepare(config: dict[str, Any], store: Store) -> Prepared:
     cfg = checked_config(NAME, config)
     path = Path(cfg["path"])
-    inp = file_input("source_file", path)
+    if cfg["format"] == "jsonl" and path.is_dir():
+        raise InputError(f"{path}: is a directory; expected a JSONL file")
+    run_dir = _tau2_dir(path) if cfg["format"] == "tau2" else None
+    inp = file_input("source_file", run_dir or path)  # a run directory enters the id by all its files
     if "source" not in cfg:
         cfg["source"] = path.name
     id_config = {k: v for k, v in cfg.items() if k != "path"}  # the file enters the id by content
@@ -80,6 +88,9 @@ def _tau2_messages(raw: list[Any], where: str) -> tuple[list[dict[str, Any]], li
         if content is not None and not isinstance(content, str):
             problems.append(f"messages[{i}].content: expected a string or null, got {_type_name(content)}")
         msg: dict[str, Any] = {"role": role, "content": content}
+        reasoning = _reasoning(m)
+        if reasoning:
+            msg["reasoning"] = reasoning
         if role == "tool":
             msg["tool_call_id"] = m.get("id")
             msg["error"] = bool(m.get("error"))
@@ -114,6 +125,24 @@ def _tau2_messages(raw: list[Any], where: str) -> tuple[list[dict[str, Any]], li
             msg["requestor"] = "user"
         out.append(msg)
     return out, problems
+
+
+def _reasoning(m: dict[str, Any]) -> str | None:
+    """The reasoning text of a τ²-bench message: its own field, or the provider response kept in raw_data
+    (τ²-bench stores litellm's response there: choices[0].message.reasoning_content)."""
+    for key in ("reasoning", "reasoning_content"):
+        if isinstance(m.get(key), str) and m[key]:
+            return m[key]
+    raw = m.get("raw_data")
+    if isinstance(raw, dict):
+        choices = raw.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            msg = choices[0].get("message")
+            if isinstance(msg, dict):
+                for key in ("reasoning_content", "reasoning"):
+                    if isinstance(msg.get(key), str) and msg[key]:
+                        return msg[key]
+    return None
 
 
 def _decode(data: bytes, path: Path) -> str:
@@ -185,6 +214,32 @@ def _mapping(v: Any, path: Path, key: str) -> dict[str, Any]:
     return v
 
 
+# Run-level fields kept in an episode's `info`: costs, usage, timing (τ²-bench's SimulationRun).
+_RUN_INFO = ("agent_cost", "user_cost", "agent_usage", "start_time", "end_time", "duration", "timestamp", "mode")
+
+
+def _task_id_for(s: dict[str, Any], tasks: dict[str, Any], by_index: dict[str, Any]) -> tuple[Any, bool]:
+    """A task id for a run that has none: the run's embedded task, the file's simulation_index, the file's
+    only task; else a stable id derived from the first user message (runs of one task share it), marked in
+    `info.task_id_derived` and counted in the summary."""
+    import hashlib
+
+    task = s.get("task")
+    if isinstance(task, dict) and isinstance(task.get("id"), str | int):
+        return task["id"], False
+    entry = by_index.get(s.get("id"))
+    if entry is not None and isinstance(entry.get("task_id"), str | int):
+        return entry["task_id"], False
+    if len(tasks) == 1:
+        return next(iter(tasks)), False
+    first = next(
+        (m.get("content") for m in s.get("messages") or [] if isinstance(m, dict) and m.get("role") == "user"),
+        None,
+    )
+    basis = first if isinstance(first, str) and first else str(s.get("id"))
+    return "derived-" + hashlib.sha256(basis.encode("utf-8")).hexdigest()[:12], True
+
+
 def _tau2_tasks(raw: Any, path: Path, fast: bool = False) -> dict[str, Any]:
     """Task id -> task; the parts ingest reads (evaluation_criteria.actions) are type-checked."""
     if raw is None:
@@ -206,8 +261,59 @@ def _tau2_tasks(raw: Any, path: Path, fast: bool = False) -> dict[str, Any]:
     return tasks
 
 
+def _tau2_dir(path: Path) -> Path | None:
+    """The run directory when `path` is τ²-bench's per-run directory format (results.json + simulations/),
+    given as the directory or as its results.json; None for the single-file format."""
+    if path.is_dir():
+        return path
+    if path.name == "results.json" and (path.parent / "simulations").is_dir():
+        return path.parent
+    return None
+
+
+def _load_tau2_dir(run: Path, source: str) -> tuple[list[tuple[dict, list[tuple]]], list[RecordError]]:
+    """τ²-bench's directory format (Results.save(format="dir")): results.json holds info and tasks (and a
+    simulation_index), simulations/<id>.json one run each, read in sorted order as τ²-bench's loader does."""
+    meta_path = run / "results.json"
+    sims_dir = run / "simulations"
+    if not meta_path.is_file():
+        raise InputError(f"{run}: not a τ²-bench run directory (no results.json)")
+    if not sims_dir.is_dir():
+        raise InputError(f"{run}: results.json has no simulations/ directory beside it")
+    meta = _load_json_file(meta_path, "a τ²-bench results.json")
+    if not isinstance(meta, dict):
+        raise InputError(f"{meta_path}: expected a JSON object, got {_type_name(meta)}")
+    files = sorted(sims_dir.glob("*.json"))
+    sims = [_load_json_file(f, "a τ²-bench simulation") for f in files]
+    index = meta.get("simulation_index")
+    if isinstance(index, list):
+        want = {e.get("id") for e in index if isinstance(e, dict)}
+        have = {s.get("id") for s in sims if isinstance(s, dict)}
+        if want - have:
+            missing = sorted(str(x) for x in want - have)[:5]
+            raise InputError(f"{run}: simulation_index lists runs with no file in simulations/: {missing}")
+        if have - want:
+            extra = sorted(str(x) for x in have - want)[:5]
+            raise InputError(f"{run}: simulations/ holds runs missing from simulation_index: {extra}")
+    doc = {**meta, "simulations": sims}
+    return _tau2_records(doc, run, source, fast=False)
+
+
+def _load_json_file(path: Path, what: str) -> Any:
+    text = _decode(path.read_bytes(), path)
+    if not text.strip():
+        raise InputError(f"{path}: the file is empty; expected {what}")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg}); is the file truncated?") from e
+
+
 def _parse_tau2(path: Path, source: str) -> tuple[list[tuple[dict, list[tuple]]], list[RecordError]]:
     """Good records as (episode row with its JSON columns encoded, tool-call rows as tuples), and the bad ones."""
+    run = _tau2_dir(path)
+    if run is not None:
+        return _load_tau2_dir(run, source)
     data = path.read_bytes()
     if not data or data.isspace():  # (not data.strip(): that copies the file)
         raise InputError(f"{path}: the file is empty; expected a τ²-bench results JSON")
@@ -268,6 +374,11 @@ def _tau2_records(
     good: list[tuple[dict, list[tuple]]] = []
     bad: list[RecordError] = []
     seen: dict[str, int] = {}
+    trials_seen: set[tuple[str, int]] = set()
+    env_policy = env_info.get("policy") if isinstance(env_info.get("policy"), str) else None
+    by_index = {
+        e["id"]: e for e in doc.get("simulation_index") or [] if isinstance(e, dict) and isinstance(e.get("id"), str)
+    }
     for idx, s in enumerate(track(sims, total=len(sims), description="ingest tau2")):
         sid = s.get("id") if isinstance(s, dict) else None
         if fast and isinstance(s, dict):
@@ -285,32 +396,34 @@ def _tau2_records(
         elif sid in seen:
             problems.append(f"id: duplicate of simulations[{seen[sid]}]")
         task_id = s.get("task_id")
+        derived_task = False
+        if task_id is None:
+            task_id, derived_task = _task_id_for(s, tasks, by_index)
         if not isinstance(task_id, str | int) or isinstance(task_id, bool):
-            problems.append(f"task_id: missing or not a string (got {_type_name(task_id)})")
-        trial = s.get("trial", 0)
-        if not isinstance(trial, int) or isinstance(trial, bool):
-            problems.append(f"trial: expected an integer, got {_type_name(trial)}")
+            problems.append(f"task_id: not a string (got {_type_name(task_id)})")
+        trial = s.get("trial")
+        if trial is not None and (not isinstance(trial, int) or isinstance(trial, bool)):
+            problems.append(f"trial: expected an integer or null, got {_type_name(trial)}")
         seed = s.get("seed")
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             problems.append(f"seed: expected an integer or null, got {_type_name(seed)}")
         ri = s.get("reward_info")
         reward = None
-        if not isinstance(ri, dict):
-            problems.append("reward_info: missing (every simulation needs reward_info.reward)")
-        elif "reward" not in ri or ri["reward"] is None:
-            problems.append("reward_info.reward: missing")
-        elif not isinstance(ri["reward"], int | float) or isinstance(ri["reward"], bool):
-            problems.append(f"reward_info.reward: expected a number, got {_type_name(ri['reward'])}")
-        else:
-            reward = float(ri["reward"])
+        if ri is not None and not isinstance(ri, dict):
+            problems.append(f"reward_info: expected an object, got {_type_name(ri)}")
+        elif isinstance(ri, dict) and ri.get("reward") is not None:
+            if not isinstance(ri["reward"], int | float) or isinstance(ri["reward"], bool):
+                problems.append(f"reward_info.reward: expected a number, got {_type_name(ri['reward'])}")
+            else:
+                reward = float(ri["reward"])
         term = s.get("termination_reason")
         if term is not None and not isinstance(term, str):
             problems.append(f"termination_reason: expected a string, got {_type_name(term)}")
         raw_msgs = s.get("messages")
         msgs: list[dict] = []
-        if not isinstance(raw_msgs, list):
+        if raw_msgs is not None and not isinstance(raw_msgs, list):
             problems.append(f"messages: expected an array, got {_type_name(raw_msgs)}")
-        else:
+        elif raw_msgs:
             msgs, mp = _tau2_messages(raw_msgs, where)
             problems += mp
         if problems:
@@ -318,6 +431,24 @@ def _tau2_records(
                 _check_raw(s)
             bad.append(RecordError(where, problems, s))
             continue
+        # τ²-bench leaves these runs out of its metrics (agent_metrics.get_metrics_df drops infrastructure
+        # errors; a run without a reward has nothing to score): excluded, counted, listed, never fatal.
+        reason = None
+        if term == "infrastructure_error":
+            reason = "termination_reason is infrastructure_error (τ²-bench excludes these runs from its metrics)"
+        elif reward is None:
+            reason = "no reward_info.reward (the run was not evaluated; τ²-bench cannot score it)"
+        if reason is not None:
+            if fast:
+                _check_raw(s)
+            bad.append(RecordError(where, [reason], s, excluded=True))
+            continue
+        if trial is None:  # τ²-bench allows it (grouping is by task only): number the task's runs in order
+            trial = next(t for t in range(len(sims) + 1) if (str(task_id), t) not in trials_seen)
+        trials_seen.add((str(task_id), trial))
+        policy = s.get("policy") if isinstance(s.get("policy"), str) else env_policy
+        if policy and not any(m["role"] == "system" for m in msgs):
+            msgs = [{"role": "system", "content": policy}, *msgs]
         task = tasks.get(str(task_id))
         if str(task_id) in refs_json:
             ref_json = refs_json[str(task_id)]
@@ -336,12 +467,15 @@ def _tau2_records(
                     ]
             ref_json = refs_json[str(task_id)] = enc(ref_actions)
         extra = {
+            **{k: s[k] for k in _RUN_INFO if s.get(k) is not None},
             "agent_llm": agent_llm,
             "reward_breakdown": {
                 k: v for k, v in ri.items() if k in ("db_check", "reward_basis", "reward_breakdown")
             },
             "communicate_info": ((task or {}).get("evaluation_criteria") or {}).get("communicate_info"),
         }
+        if derived_task:
+            extra["task_id_derived"] = True
         ep = {
             "episode_id": sid,
             "source": source,
@@ -384,6 +518,8 @@ def _jsonl_messages(raw: list[dict[str, Any]], fast: bool = False) -> list[dict[
     out = []
     for m in raw:
         msg = dict(m)
+        if msg.get("role") == "developer":  # OpenAI's name for the system prompt of newer models
+            msg["role"] = "system"
         if msg.get("tool_calls"):
             norm = []
             for tc in msg["tool_calls"]:
@@ -524,6 +660,29 @@ def _jsonl_record(
 # ----------------------------------------------------------------------------- run
 
 
+TASKS_FILE = "task_results.parquet"
+TASK_RESULTS_SCHEMA = pa.schema(
+    [
+        ("task_id", pa.string()),
+        ("domain", pa.string()),
+        ("trials", pa.int32()),
+        ("successes", pa.int32()),
+        ("mean_reward", pa.float64()),
+        ("pass_hat_k", pa.string()),
+    ]
+)
+register_table(TableSpec("task_results", "rollouts", TASKS_FILE, TASK_RESULTS_SCHEMA))
+
+
+def _tasks_table(per_task: list[dict[str, Any]]) -> pa.Table:
+    rows = [
+        {k: t[k] for k in ("task_id", "domain", "trials", "successes", "mean_reward")}
+        | {"pass_hat_k": json.dumps(t["pass_hat_k"])}
+        for t in per_task
+    ]
+    return pa.Table.from_pylist(rows, schema=TASK_RESULTS_SCHEMA)
+
+
 _TEXT_COLUMNS = ("messages", "tools", "reference_actions", "info", "arguments", "result")
 
 
@@ -551,7 +710,9 @@ def _run(prepared: Prepared, store: Store, *, name, overrides, replace) -> dict[
     cfg = prepared.config
     path = Path(cfg["path"])
     parse = _parse_tau2 if cfg["format"] == "tau2" else _parse_jsonl
-    good, bad = parse(path, cfg["source"])
+    good, rejected = parse(path, cfg["source"])
+    excluded = [b for b in rejected if b.excluded]
+    bad = [b for b in rejected if not b.excluded]
     if bad and cfg["on_error"] == "fail":
         shown = "\n".join(f"  {b}" for b in bad[:20])
         more = f"\n  ... and {len(bad) - 20} more" if len(bad) > 20 else ""
@@ -560,7 +721,9 @@ def _run(prepared: Prepared, store: Store, *, name, overrides, replace) -> dict[
             hint="fix the file, or pass --on-error skip to ingest the good records and get rejects.jsonl",
         )
     if not good:
-        raise InputError(f"{path}: no valid records (all {len(bad)} rejected); nothing was written")
+        why = f"{len(bad)} rejected" + (f", {len(excluded)} excluded as τ²-bench excludes them" if excluded else "")
+        shown = "\n".join(f"  {b}" for b in (excluded + bad)[:5])
+        raise InputError(f"{path}: no records to ingest ({why}); nothing was written:\n{shown}")
     with store.writer(
         "rollouts",
         NAME,
@@ -577,14 +740,16 @@ def _run(prepared: Prepared, store: Store, *, name, overrides, replace) -> dict[
             _episodes_table([ep for ep, _ in good]),
             rows_table(calls, TOOL_CALLS_SCHEMA, text=_TEXT_COLUMNS),
         )
-        if bad:
+        if rejected:
             with open(w.path / layout.REJECTS, "w", encoding="utf-8") as f:
-                for b in bad:
-                    f.write(
-                        json.dumps({"where": b.where, "errors": b.problems, "record": b.raw}, default=str)
-                        + "\n"
-                    )
+                for b in rejected:
+                    line = {"where": b.where, "errors": b.problems, "record": b.raw}
+                    if b.excluded:
+                        line["excluded"] = True
+                    f.write(json.dumps(line, default=str) + "\n")
         n_succ = sum(1 for ep, _ in good if ep["success"])
+        passk, per_task = pass_summary([ep for ep, _ in good], "domain")
+        pq.write_table(_tasks_table(per_task), w.path / TASKS_FILE)
         w.summary.update(
             {
                 "episodes": len(good),
@@ -592,8 +757,14 @@ def _run(prepared: Prepared, store: Store, *, name, overrides, replace) -> dict[
                 "failures": len(good) - n_succ,
                 "tool_calls": len(calls),
                 "rejected": len(bad),
+                "excluded": len(excluded),
+                "derived_task_ids": sum(1 for ep, _ in good if ep["task_id"].startswith("derived-")),
                 "format": cfg["format"],
                 "source": cfg["source"],
+                "tasks": passk["tasks"],
+                "pass@1": passk["pass@1"],
+                "pass^k": passk["pass^k"],
+                "domains": passk["groups"],
             }
         )
     return {"rollouts": w.artifact}
@@ -611,7 +782,7 @@ _EPISODE_KEYS = frozenset(
         "reference_actions", "tools", "info", "messages",
     )
 )  # fmt: skip
-_ROLES = frozenset(("system", "user", "assistant", "tool"))
+_ROLES = frozenset(("system", "developer", "user", "assistant", "tool"))
 _MISSING = object()
 
 

@@ -40,6 +40,16 @@ DDL = [
 
 
 def _connect(path: Path, read_only: bool = False):
+    """A connection whose relative file paths resolve inside the store (the index's directory): the views
+    name their Parquet files relative to the store root, so a copied or moved store reads its own files."""
+    import duckdb
+
+    con = _open(path, read_only)
+    con.execute(f"SET file_search_path = {_sql_str(str(path.parent))}")
+    return con
+
+
+def _open(path: Path, read_only: bool):
     import duckdb
 
     deadline = time.monotonic() + _LOCK_WAIT_S
@@ -73,7 +83,7 @@ def _insert_artifact(con, store: Store, art: Artifact) -> None:
             m.get("stage"),
             m.get("created_at"),
             m.get("trace_cli_version"),
-            str(art.path),
+            _rel(store, art.path),
             m.get("digest"),
             m.get("config_digest"),
             json.dumps(m.get("config", {}), default=str),
@@ -88,6 +98,14 @@ def _insert_artifact(con, store: Store, art: Artifact) -> None:
     ]
     if rows:
         con.executemany("INSERT INTO lineage VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+
+
+def _rel(store: Store, path: Path) -> str:
+    """A path inside the store, relative to its root (what the index records and its views read)."""
+    try:
+        return Path(path).relative_to(store.root).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def _refresh_names(con, store: Store) -> None:
@@ -114,10 +132,10 @@ def _refresh_views(con, store: Store, kinds: set[str] | None = None) -> None:
         rows = con.execute(
             "SELECT path FROM artifacts WHERE kind = ? ORDER BY created_at, id", [spec.kind]
         ).fetchall()
-        files = [str(Path(p) / spec.file) for (p,) in rows if (Path(p) / spec.file).is_file()]
+        files = [f"{p}/{spec.file}" for (p,) in rows if (store.root / p / spec.file).is_file()]
         if files:
             lst = "[" + ", ".join(_sql_str(f) for f in files) + "]"
-            pattern = _sql_str(f"/{spec.kind}/([0-9a-f]{{16}})/[^/]+$")
+            pattern = _sql_str(f"(?:^|/){spec.kind}/([0-9a-f]{{16}})/[^/]+$")
             sql = (
                 f"CREATE OR REPLACE VIEW {spec.view} AS SELECT * EXCLUDE (filename), "
                 f"regexp_extract(filename, {pattern}, 1) AS artifact_id "
@@ -130,13 +148,12 @@ def _refresh_views(con, store: Store, kinds: set[str] | None = None) -> None:
 
 
 def _moved(con, store: Store) -> bool:
-    """True when the index was built for the store at another path (copied or moved): its views would read
-    the old location's files, so it is rebuilt."""
+    """True when the index holds absolute paths (written by an older version, whose views would read another
+    location's files after a copy): it is rebuilt. Indexes written now name files relative to the store."""
     import duckdb
 
-    root = str(store.root).rstrip("/") + "/"
     try:
-        row = con.execute("SELECT count(*) FROM artifacts WHERE NOT starts_with(path, ?)", [root]).fetchone()
+        row = con.execute("SELECT count(*) FROM artifacts WHERE starts_with(path, '/')").fetchone()
     except duckdb.Error:  # no artifacts table: not an index this version wrote
         return True
     return bool(row and row[0])

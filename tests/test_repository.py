@@ -1,0 +1,36 @@
+"""Repository hygiene: the project reads only its own files (the τ²-bench samples are vendored in examples/)."""
+
+from __future__ import annotations
+
+import subprocess
+
+from trace_testing import REPO, TAU2_DIR, TAU2_FILES
+
+
+def tracked_files() -> list[str]:
+    out = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True)
+    return [p for p in out.stdout.decode().split("\0") if p]
+
+
+def test_no_tracked_file_reads_the_shared_folder():
+    offenders = []
+    needle = "../" + "shared"  # split so this file does not match itself
+    for rel in tracked_files():
+        path = REPO / rel
+        if not path.is_file():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        if needle in text:
+            offenders.append(rel)
+    assert offenders == []
+
+
+def test_vendored_tau2_data_has_licence_and_readme():
+    for f in [*TAU2_FILES.values(), "LICENSE", "README.md"]:
+        assert (TAU2_DIR / f).is_file(), f
+    assert "MIT" in (TAU2_DIR / "LICENSE").read_text()
+    tracked = set(tracked_files())
+    assert all(f"examples/tau2/{f}" in tracked for f in TAU2_FILES.values())
