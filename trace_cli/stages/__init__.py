@@ -16,6 +16,7 @@ from trace_cli.errors import UsageError
 STAGES: dict[str, str] = {
     "ingest": "trace_cli.stages.ingest",
     "model": "trace_cli.stages.model",
+    "pretrain": "trace_cli.stages.pretrain",
     "eval": "trace_cli.stages.eval",
     "train": "trace_cli.stages.train",
     "diagnose": "trace_cli.stages.diagnose",

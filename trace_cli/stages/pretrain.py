@@ -1,0 +1,117 @@
+"""Stage `pretrain`: copy pretraining of a (small, from-scratch) model -> a `model` artifact.
+
+The curriculum and why it is needed are in `trace_cli.training.pretrain`. The artifact's summary reports the
+held-out exact-copy probe (`copy_accuracy`) and its trajectory; `pretrain_metrics` (view) holds every step.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from trace_cli.errors import CheckFailed, UsageError
+from trace_cli.stages.base import Prepared, checked_config
+from trace_cli.store import Artifact, Store
+from trace_cli.store.tables import TableSpec, register_table
+
+NAME = "pretrain"
+OUTPUTS = {"model": "model"}
+METRICS_FILE = "pretrain_metrics.parquet"
+METRICS_SCHEMA = pa.schema(
+    [
+        ("step", pa.int32()),
+        ("loss", pa.float64()),
+        ("grad_norm", pa.float64()),
+        ("lr", pa.float64()),
+        ("elapsed_s", pa.float64()),
+        ("copy_accuracy", pa.float64()),
+    ]
+)
+register_table(TableSpec("pretrain_metrics", "model", METRICS_FILE, METRICS_SCHEMA))
+
+
+def prepare(config: dict[str, Any], store: Store) -> Prepared:
+    from trace_cli.envs.registry import list_envs
+    from trace_cli.models.refs import resolve_model
+
+    cfg = checked_config(NAME, config)
+    known = list_envs()
+    bad = [e for e in cfg["envs"] if e not in known]
+    if bad:
+        raise UsageError(f"envs: unknown environment(s) {', '.join(bad)}; registered: {', '.join(known)}")
+    model = resolve_model(cfg["model"], store)
+    if model.kind != "hf":
+        raise UsageError(f"model {cfg['model']!r}: pretraining needs a model (store://model/NAME or an HF dir)")
+    id_config = {**cfg, "model": model.digest}
+    p = Prepared(NAME, cfg, id_config, [model.as_input("model")], dict(OUTPUTS)).finalize()
+    p.extra["model"] = model
+    return p
+
+
+def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=False) -> dict[str, Artifact]:
+    from trace_cli.models.builder import corpus
+    from trace_cli.models.refs import load_hf
+    from trace_cli.training.pretrain import pretrain_copy
+
+    cfg = prepared.config
+    model, tok = load_hf(prepared.extra["model"])
+    texts = list(corpus(cfg["envs"], cfg["corpus_seeds"], cfg["seed"]))
+
+    def log(m: dict[str, Any]) -> None:
+        if m["step"] % 25 == 0 or "copy_accuracy" in m:
+            probe = f"  copy {m['copy_accuracy']:.2f}" if "copy_accuracy" in m else ""
+            print(f"step {m['step']:>5}  loss {m['loss']:.4f}{probe}  {m['elapsed_s']:.0f}s", file=sys.stderr)
+
+    out = pretrain_copy(
+        model,
+        tok,
+        texts,
+        max_steps=cfg["max_steps"],
+        batch_size=cfg["batch_size"],
+        transcript_share=cfg["transcript_share"],
+        lr=cfg["learning_rate"],
+        seq_len=cfg["seq_len"],
+        target=cfg["target"],
+        probe_every=cfg["probe_every"],
+        probe_size=cfg["probe_size"],
+        seed=cfg["seed"],
+        max_minutes=cfg["max_minutes"],
+        log=log,
+    )
+    if cfg["require_target"] and not out["reached_target"]:
+        raise CheckFailed(
+            f"pretrain: the copy probe reached {out['copy_accuracy']:.2f} after {out['steps']} steps "
+            f"(target {cfg['target']}); nothing was written",
+            hint="raise max_steps (induction appears abruptly after a plateau), or set require_target: false",
+        )
+    with store.writer(
+        "model",
+        NAME,
+        cfg,
+        prepared.inputs,
+        name=name,
+        overrides=overrides,
+        seed=cfg["seed"],
+        id=prepared.id,
+        replace=replace,
+    ) as w:
+        model.save_pretrained(w.path / "hf")
+        tok.save_pretrained(w.path / "hf")
+        rows = [{**m, "copy_accuracy": m.get("copy_accuracy")} for m in out["metrics"]]
+        pq.write_table(pa.Table.from_pylist(rows, schema=METRICS_SCHEMA), w.path / METRICS_FILE)
+        w.summary.update(
+            {
+                "method": "pretrain",
+                "base_model": cfg["model"],
+                "copy_accuracy": out["copy_accuracy"],
+                "probes": out["probes"],
+                "steps": out["steps"],
+                "copy_vocabulary": out["copy_vocabulary"],
+                "train_s": round(out["minutes"] * 60, 1),
+                "parameters": sum(p.numel() for p in model.parameters()),
+            }
+        )
+    return {"model": w.artifact}
