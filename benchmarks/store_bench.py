@@ -733,7 +733,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--generate-only", action="store_true", help="only write the corpus (use with --workdir)")
     p.add_argument("--strict", action="store_true", help="exit 3 when a goal is missed")
-    p.add_argument("--tau2-dir", default=str(TAU2_DIR), help="τ²-bench results files (default: the vendored examples/tau2)")
+    p.add_argument(
+        "--tau2-dir",
+        default=str(TAU2_DIR),
+        help="τ²-bench results files (default: the vendored examples/tau2)",
+    )
     a = p.parse_args(argv)
     if a.episodes is None:
         a.episodes = 2000 if a.quick else 100_000

@@ -134,7 +134,7 @@ def test_jsonl_is_validated_line_by_line(tmp_path):
     r = run_cli("validate", f)
     assert r.exit_code == 2
     assert _errors(r.stderr) == [
-        "line 3: messages[0].role: 'bot' is not one of ['system', 'user', 'assistant', 'tool']",
+        "line 3: messages[0].role: 'bot' is not one of ['system', 'developer', 'user', 'assistant', 'tool']",
         "line 3: reward: 'x' is not of type 'number'",
         "line 3: task_id: 1.5 is not of type 'string', 'integer'",
         "line 4: invalid JSON: Expecting property name enclosed in double quotes",

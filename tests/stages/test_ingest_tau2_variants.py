@@ -64,7 +64,9 @@ def test_missing_task_id_derived_stably_and_said(retail, tmp_path):
 
 def test_missing_task_id_from_the_simulation_index(retail, tmp_path):
     doc = copy.deepcopy(retail)
-    doc["simulation_index"] = [{"id": s["id"], "task_id": s["task_id"], "trial": s["trial"]} for s in doc["simulations"]]
+    doc["simulation_index"] = [
+        {"id": s["id"], "task_id": s["task_id"], "trial": s["trial"]} for s in doc["simulations"]
+    ]
     want = {s["id"]: str(s.pop("task_id")) for s in doc["simulations"]}
     r, store = _ingest(tmp_path, doc)
     assert r.exit_code == 0, r.output
@@ -106,7 +108,9 @@ def test_policy_reasoning_costs_and_timestamps_are_kept(retail, tmp_path):
     s0 = doc["simulations"][0]
     s0["agent_cost"], s0["user_cost"] = 0.0123, 0.004
     ai = next(i for i, m in enumerate(s0["messages"]) if m["role"] == "assistant")
-    s0["messages"][ai]["raw_data"] = {"choices": [{"message": {"reasoning_content": "check the order first"}}]}
+    s0["messages"][ai]["raw_data"] = {
+        "choices": [{"message": {"reasoning_content": "check the order first"}}]
+    }
     r, store = _ingest(tmp_path, doc)
     assert r.exit_code == 0, r.output
     _, eps = _episodes(store)
@@ -123,7 +127,9 @@ def test_directory_format(retail, tmp_path):
     run = tmp_path / "run"
     (run / "simulations").mkdir(parents=True)
     meta = {k: v for k, v in retail.items() if k != "simulations"}
-    meta["simulation_index"] = [{"id": s["id"], "task_id": s["task_id"], "trial": s["trial"]} for s in retail["simulations"]]
+    meta["simulation_index"] = [
+        {"id": s["id"], "task_id": s["task_id"], "trial": s["trial"]} for s in retail["simulations"]
+    ]
     (run / "results.json").write_text(json.dumps(meta))
     for s in retail["simulations"]:
         (run / "simulations" / f"{s['id']}.json").write_text(json.dumps(s))
@@ -160,7 +166,9 @@ def test_pass_hat_k_of_ingested_rollouts_per_domain(retail, tmp_path, tau2_dir):
     }
     assert summary["pass^k"] == pytest.approx(want)
     assert summary["domains"]["retail"]["pass^k"] == pytest.approx(want)
-    rows = json.loads(run_cli("store", "sql", "select * from task_results", "--json", "--store", store).stdout)
+    rows = json.loads(
+        run_cli("store", "sql", "select * from task_results", "--json", "--store", store).stdout
+    )
     assert len(rows) == len(tasks)
 
 

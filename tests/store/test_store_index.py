@@ -120,7 +120,15 @@ def test_index_opens_in_the_plain_duckdb_cli(populated):
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "42"
     r = subprocess.run(
-        [str(exe), "-readonly", str(idx), "-csv", "-noheader", "-cmd", f"SET file_search_path = '{populated}'"]
+        [
+            str(exe),
+            "-readonly",
+            str(idx),
+            "-csv",
+            "-noheader",
+            "-cmd",
+            f"SET file_search_path = '{populated}'",
+        ]
         + ["-c", "select count(*) from episodes"],
         capture_output=True,
         text=True,
@@ -352,7 +360,15 @@ def test_a_moved_store_needs_no_reindex(populated, tmp_path):
     exe = Path(sys.executable).parent / "duckdb"
     if exe.exists():  # the plain CLI, run from the store
         r = subprocess.run(
-            [str(exe), "-readonly", "index.duckdb", "-csv", "-noheader", "-c", "select count(*) from episodes"],
+            [
+                str(exe),
+                "-readonly",
+                "index.duckdb",
+                "-csv",
+                "-noheader",
+                "-c",
+                "select count(*) from episodes",
+            ],
             capture_output=True,
             text=True,
             timeout=60,

@@ -68,9 +68,13 @@ def _run(fmt, file, name, on_error, source, force, as_json, store_dir):
         ],
     )
     if s.get("rejected") or s.get("excluded"):
-        info(f"{s['rejected']} rejected, {s.get('excluded', 0)} excluded; reasons in {art.path / 'rejects.jsonl'}")
+        info(
+            f"{s['rejected']} rejected, {s.get('excluded', 0)} excluded; reasons in {art.path / 'rejects.jsonl'}"
+        )
     if s.get("derived_task_ids"):
-        info(f"{s['derived_task_ids']} run(s) had no task_id: derived from the first user message (info.task_id_derived)")
+        info(
+            f"{s['derived_task_ids']} run(s) had no task_id: derived from the first user message (info.task_id_derived)"
+        )
 
 
 @ingest.command(

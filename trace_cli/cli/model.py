@@ -75,9 +75,13 @@ def init(preset, name, seed, envs, corpus_seeds, force, as_json, store_dir):
         "target, probe_every, probe_size, require_target, max_minutes, envs, corpus_seeds, seed."
     ),
 )
-@click.option("--model", "model_ref", required=True, help="Model to pretrain: store://model/NAME or an HF dir.")
+@click.option(
+    "--model", "model_ref", required=True, help="Model to pretrain: store://model/NAME or an HF dir."
+)
 @click.option("--name", help="Alias for the artifact (store://model/NAME).")
-@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False), help="YAML config file.")
+@click.option(
+    "--config", "config_file", type=click.Path(exists=True, dir_okay=False), help="YAML config file."
+)
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override a config key (repeatable).")
 @click.option("--force", is_flag=True, help="Rerun even if an identical artifact exists.")
 @json_option
@@ -106,7 +110,8 @@ def pretrain(model_ref, name, config_file, sets, force, as_json, store_dir):
         info(f"up to date: {a.uri}")
     s = a.summary
     print_table(
-        ["model", "steps", "copy accuracy", "train s"], [[a.uri, s["steps"], s["copy_accuracy"], s["train_s"]]]
+        ["model", "steps", "copy accuracy", "train s"],
+        [[a.uri, s["steps"], s["copy_accuracy"], s["train_s"]]],
     )
 
 

@@ -44,7 +44,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 # Enters the `model` stage's artifact id with the resolved preset: bump it when a change here makes the same
 # config build a different model or tokenizer, so stores do not keep serving the old build as "up to date".
-BUILDER_VERSION = 2  # 2: newlines isolated by the pre-tokenizer
+BUILDER_VERSION = 3  # 2: newlines isolated by the pre-tokenizer; 3: emails and capitalised words isolated
+EMAIL = r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]+"
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MARKUP = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
 MAX_POSITIONS = 4096
@@ -97,7 +98,11 @@ def build_tokenizer(texts: list[str], vocab_size: int):
     t = Tokenizer(models.BPE())
     t.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(r"\d{1,3}|\n"), behavior="isolated"),
+            # an email, a capitalised word (names, products) are pre-tokens of their own: merges may not
+            # fuse them with the text around them ("Hello, my name is Priya Sato and my zip is " was one
+            # token), or the model could not copy them from its context
+            pre_tokenizers.Split(Regex(EMAIL), behavior="isolated"),
+            pre_tokenizers.Split(Regex(r"\d{1,3}|\n|[A-Z][a-z]+"), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )

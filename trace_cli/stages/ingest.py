@@ -215,7 +215,16 @@ def _mapping(v: Any, path: Path, key: str) -> dict[str, Any]:
 
 
 # Run-level fields kept in an episode's `info`: costs, usage, timing (τ²-bench's SimulationRun).
-_RUN_INFO = ("agent_cost", "user_cost", "agent_usage", "start_time", "end_time", "duration", "timestamp", "mode")
+_RUN_INFO = (
+    "agent_cost",
+    "user_cost",
+    "agent_usage",
+    "start_time",
+    "end_time",
+    "duration",
+    "timestamp",
+    "mode",
+)
 
 
 def _task_id_for(s: dict[str, Any], tasks: dict[str, Any], by_index: dict[str, Any]) -> tuple[Any, bool]:
@@ -233,7 +242,11 @@ def _task_id_for(s: dict[str, Any], tasks: dict[str, Any], by_index: dict[str, A
     if len(tasks) == 1:
         return next(iter(tasks)), False
     first = next(
-        (m.get("content") for m in s.get("messages") or [] if isinstance(m, dict) and m.get("role") == "user"),
+        (
+            m.get("content")
+            for m in s.get("messages") or []
+            if isinstance(m, dict) and m.get("role") == "user"
+        ),
         None,
     )
     basis = first if isinstance(first, str) and first else str(s.get("id"))
@@ -306,7 +319,9 @@ def _load_json_file(path: Path, what: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise InputError(f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg}); is the file truncated?") from e
+        raise InputError(
+            f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg}); is the file truncated?"
+        ) from e
 
 
 def _parse_tau2(path: Path, source: str) -> tuple[list[tuple[dict, list[tuple]]], list[RecordError]]:
@@ -377,7 +392,9 @@ def _tau2_records(
     trials_seen: set[tuple[str, int]] = set()
     env_policy = env_info.get("policy") if isinstance(env_info.get("policy"), str) else None
     by_index = {
-        e["id"]: e for e in doc.get("simulation_index") or [] if isinstance(e, dict) and isinstance(e.get("id"), str)
+        e["id"]: e
+        for e in doc.get("simulation_index") or []
+        if isinstance(e, dict) and isinstance(e.get("id"), str)
     }
     for idx, s in enumerate(track(sims, total=len(sims), description="ingest tau2")):
         sid = s.get("id") if isinstance(s, dict) else None
@@ -435,7 +452,9 @@ def _tau2_records(
         # errors; a run without a reward has nothing to score): excluded, counted, listed, never fatal.
         reason = None
         if term == "infrastructure_error":
-            reason = "termination_reason is infrastructure_error (τ²-bench excludes these runs from its metrics)"
+            reason = (
+                "termination_reason is infrastructure_error (τ²-bench excludes these runs from its metrics)"
+            )
         elif reward is None:
             reason = "no reward_info.reward (the run was not evaluated; τ²-bench cannot score it)"
         if reason is not None:
@@ -721,7 +740,9 @@ def _run(prepared: Prepared, store: Store, *, name, overrides, replace) -> dict[
             hint="fix the file, or pass --on-error skip to ingest the good records and get rejects.jsonl",
         )
     if not good:
-        why = f"{len(bad)} rejected" + (f", {len(excluded)} excluded as τ²-bench excludes them" if excluded else "")
+        why = f"{len(bad)} rejected" + (
+            f", {len(excluded)} excluded as τ²-bench excludes them" if excluded else ""
+        )
         shown = "\n".join(f"  {b}" for b in (excluded + bad)[:5])
         raise InputError(f"{path}: no records to ingest ({why}); nothing was written:\n{shown}")
     with store.writer(

@@ -44,7 +44,9 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
         raise UsageError(f"envs: unknown environment(s) {', '.join(bad)}; registered: {', '.join(known)}")
     model = resolve_model(cfg["model"], store)
     if model.kind != "hf":
-        raise UsageError(f"model {cfg['model']!r}: pretraining needs a model (store://model/NAME or an HF dir)")
+        raise UsageError(
+            f"model {cfg['model']!r}: pretraining needs a model (store://model/NAME or an HF dir)"
+        )
     id_config = {**cfg, "model": model.digest}
     p = Prepared(NAME, cfg, id_config, [model.as_input("model")], dict(OUTPUTS)).finalize()
     p.extra["model"] = model

@@ -37,7 +37,14 @@ def summarize(
     for r in rows:
         by_task[str(r["task_id"])].append(r)
     if not by_task:
-        return {"tasks": 0, "episodes": 0, "mean_reward": None, "pass@1": None, "pass^k": {}, "groups": {}}, []
+        return {
+            "tasks": 0,
+            "episodes": 0,
+            "mean_reward": None,
+            "pass@1": None,
+            "pass^k": {},
+            "groups": {},
+        }, []
     top = min(len(eps) for eps in by_task.values())
     if max_k is not None:
         top = min(top, max_k)

@@ -8,8 +8,8 @@ small preset (4 layers, 192-d): exact-copy accuracy 0.00 through step ~1,500, th
 ~200 steps.
 
 The curriculum mixes two kinds of rows per batch:
-  - copy rows: random keys of 3–8 tokens drawn from the tokenizer's own id, number, name and email pieces
-    (the sub-vocabulary an agent must copy), each followed by a separator and the key again; the loss is on
+  - copy rows: random keys of 3–8 tokens drawn from the tokenizer's own id, number, name, email and word
+    pieces (what an agent must copy: ids and amounts, but also names, statuses and product names), each followed by a separator and the key again; the loss is on
     the repeated key only (the random key itself is unpredictable);
   - transcript rows: rendered environment transcripts with the loss on every token (tool results repeat
     ids from earlier turns: copying in the agent's own format).
@@ -32,21 +32,23 @@ _COPYABLE = re.compile(r"^[A-Za-z0-9_.@#\-]+$")
 
 
 def copy_vocabulary(tok, texts: list[str]) -> list[int]:
-    """Token ids that occur in the data portions of `texts` (digits, names, emails, ids)."""
+    """Token ids an agent may have to copy: every id, number, name, email or word piece that occurs in
+    `texts` (not markup, punctuation or special tokens), plus every single-token digit group."""
     special = set(tok.all_special_ids) | set(tok.convert_tokens_to_ids(list(tok.get_added_vocab())))
     seen: set[int] = set()
     for t in texts:
-        for span in re.findall(r"[A-Za-z0-9_.@#\-]{3,}", t):
-            if any(c.isdigit() for c in span) or "@" in span or "_" in span:
-                seen.update(tok(span, add_special_tokens=False)["input_ids"])
-    # Every digit group is copyable even if the corpus missed it.
+        seen.update(tok(t, add_special_tokens=False)["input_ids"])
     for i in range(1000):
         for s in {str(i), f"{i:02d}", f"{i:03d}"}:
             ids = tok(s, add_special_tokens=False)["input_ids"]
             if len(ids) == 1:
                 seen.add(ids[0])
-    vocab = [i for i in sorted(seen) if i not in special and _COPYABLE.match(tok.decode([i]).strip() or "-")]
-    return vocab
+    out = []
+    for i in sorted(seen):
+        piece = tok.decode([i])
+        if i not in special and piece.strip() and _COPYABLE.match(piece.strip()):
+            out.append(i)
+    return out
 
 
 def copy_row(rng: random.Random, vocab: list[int], sep_ids: list[list[int]], nl: list[int], length: int):
@@ -156,7 +158,9 @@ def pretrain_copy(
             piece = d[start : start + seq_len * 2]
             trs.append((piece, list(piece)))
         # two forward passes (short copy rows, longer transcript slices): little padding
-        loss = sum(_loss(model, part, pad) * n for part, n in _parts(rows, trs)) / max(1, len(rows) + len(trs))
+        loss = sum(_loss(model, part, pad) * n for part, n in _parts(rows, trs)) / max(
+            1, len(rows) + len(trs)
+        )
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
