@@ -16,8 +16,8 @@ from trace_testing import run_cli, snapshot  # noqa: E402
 
 from trace_cli.envs.shop import CAPABILITIES, FAMILIES  # noqa: E402
 from trace_cli.stages.eval import summarize  # noqa: E402
-from trace_cli.store.metrics import pass_hat_k  # noqa: E402
 from trace_cli.store import Store  # noqa: E402
+from trace_cli.store.metrics import pass_hat_k  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,6 @@ DDL = [
 def _connect(path: Path, read_only: bool = False):
     """A connection whose relative file paths resolve inside the store (the index's directory): the views
     name their Parquet files relative to the store root, so a copied or moved store reads its own files."""
-    import duckdb
 
     con = _open(path, read_only)
     con.execute(f"SET file_search_path = {_sql_str(str(path.parent))}")
