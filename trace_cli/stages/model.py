@@ -12,14 +12,19 @@ NAME = "model"
 OUTPUTS = {"model": "model"}
 
 
-def prepare(config: dict[str, Any], store: Store) -> Prepared:
+def check_envs(names: list[str]) -> None:
+    """`envs:` must name registered environments (model and pretrain render their transcripts)."""
     from trace_cli.envs.registry import list_envs
 
-    cfg = checked_config(NAME, config)
     known = list_envs()
-    bad = [e for e in cfg["envs"] if e not in known]
+    bad = [e for e in names if e not in known]
     if bad:
         raise UsageError(f"envs: unknown environment(s) {', '.join(bad)}; registered: {', '.join(known)}")
+
+
+def prepare(config: dict[str, Any], store: Store) -> Prepared:
+    cfg = checked_config(NAME, config)
+    check_envs(cfg["envs"])
     # The id covers what the config builds, not only what it says: the preset's resolved architecture and
     # vocabulary (presets are code and can change) and the builder's version.
     from trace_cli.models.builder import BUILDER_VERSION, PRESETS

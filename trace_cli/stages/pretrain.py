@@ -34,14 +34,11 @@ register_table(TableSpec("pretrain_metrics", "model", METRICS_FILE, METRICS_SCHE
 
 
 def prepare(config: dict[str, Any], store: Store) -> Prepared:
-    from trace_cli.envs.registry import list_envs
     from trace_cli.models.refs import resolve_model
+    from trace_cli.stages.model import check_envs
 
     cfg = checked_config(NAME, config)
-    known = list_envs()
-    bad = [e for e in cfg["envs"] if e not in known]
-    if bad:
-        raise UsageError(f"envs: unknown environment(s) {', '.join(bad)}; registered: {', '.join(known)}")
+    check_envs(cfg["envs"])
     model = resolve_model(cfg["model"], store)
     if model.kind != "hf":
         raise UsageError(
