@@ -197,3 +197,16 @@ def test_jsonl_developer_role(tmp_path):
     assert r.exit_code == 0, r.output
     _, eps = _episodes(store, "dev")
     assert eps["d1"]["messages"][0] == {"role": "system", "content": "You are terse."}
+
+
+def test_missing_task_id_from_the_files_only_task(retail, tmp_path):
+    doc = copy.deepcopy(retail)
+    only = doc["tasks"][0]
+    doc["tasks"] = [only]
+    for s in doc["simulations"]:
+        del s["task_id"]
+    r, store = _ingest(tmp_path, doc)
+    assert r.exit_code == 0, r.output
+    _, eps = _episodes(store)
+    assert {e["task_id"] for e in eps.values()} == {str(only["id"])}
+    assert json.loads(r.stdout)["summary"]["derived_task_ids"] == 0

@@ -128,3 +128,15 @@ def test_small_preset_learns_to_copy(tmp_path):
     )
     art = Store(store).resolve("store://model/demo-small-copy")
     assert art.summary["copy_accuracy"] >= 0.95
+
+
+def test_time_budget_stops_with_a_final_probe(tiny_model, tmp_path):
+    store = tmp_path / "store"
+    r = run_cli(
+        "model", "pretrain", "--model", str(tiny_model.hf), "--json", "--store", store,
+        "--set", "max_minutes=0.0001", "--set", "require_target=false", "--set", "probe_size=10",
+        "--set", "corpus_seeds=5",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.stdout)["summary"]
+    assert s["steps"] == 1 and s["probes"] == [{"step": 1, "copy_accuracy": s["copy_accuracy"]}]

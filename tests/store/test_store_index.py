@@ -102,59 +102,32 @@ def test_reindex_restores_identical_results(populated):
     assert not list(populated.glob(".index-*"))
 
 
+def _duckdb_cli(index: str, sql: str, *, cwd: Path, cmd: str | None = None) -> str:
+    """The plain duckdb CLI on `index` (read-only, CSV without header); its stdout, stripped."""
+    exe = Path(sys.executable).parent / "duckdb"
+    args = [str(exe), "-readonly", index, "-csv", "-noheader"] + (["-cmd", cmd] if cmd else []) + ["-c", sql]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=60, cwd=cwd)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
 def test_index_opens_in_the_plain_duckdb_cli(populated):
     exe = Path(sys.executable).parent / "duckdb"
     if not exe.exists():
         pytest.skip(f"duckdb CLI not installed next to {sys.executable} (dev dependency duckdb-cli)")
     version = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=30)
     print("duckdb CLI", version.stdout.strip())
-    idx = populated / "index.duckdb"
     # The views name files relative to the store: run from the store, or tell DuckDB where it is.
-    r = subprocess.run(
-        [str(exe), "-readonly", "index.duckdb", "-csv", "-noheader", "-c", "select count(*) from episodes"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=populated,
+    count = "select count(*) from episodes"
+    assert _duckdb_cli("index.duckdb", count, cwd=populated) == "42"
+    elsewhere = populated.parent
+    idx = str(populated / "index.duckdb")
+    assert _duckdb_cli(idx, count, cwd=elsewhere, cmd=f"SET file_search_path = '{populated}'") == "42"
+    sql = (
+        "select (select count(*) from artifacts), (select count(*) from tool_calls), "
+        "(select count(*) from names), (select count(*) from tool_calls where requestor = 'user')"
     )
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "42"
-    r = subprocess.run(
-        [
-            str(exe),
-            "-readonly",
-            str(idx),
-            "-csv",
-            "-noheader",
-            "-cmd",
-            f"SET file_search_path = '{populated}'",
-        ]
-        + ["-c", "select count(*) from episodes"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=populated,
-    )
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "42"
-    r = subprocess.run(
-        [
-            str(exe),
-            "-readonly",
-            "index.duckdb",
-            "-csv",
-            "-noheader",
-            "-c",
-            "select (select count(*) from artifacts), (select count(*) from tool_calls), "
-            "(select count(*) from names), (select count(*) from tool_calls where requestor = 'user')",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=populated,
-    )
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "4,365,4,125"
+    assert _duckdb_cli("index.duckdb", sql, cwd=populated) == "4,365,4,125"
 
 
 def test_verify_detects_changed_and_missing_files(populated):
@@ -357,24 +330,8 @@ def test_a_moved_store_needs_no_reindex(populated, tmp_path):
     after = _all(moved)
     assert after == before
     assert all(not a["path"].startswith("/") for a in after[0])
-    exe = Path(sys.executable).parent / "duckdb"
-    if exe.exists():  # the plain CLI, run from the store
-        r = subprocess.run(
-            [
-                str(exe),
-                "-readonly",
-                "index.duckdb",
-                "-csv",
-                "-noheader",
-                "-c",
-                "select count(*) from episodes",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=moved,
-        )
-        assert r.returncode == 0 and r.stdout.strip() == "42", r.stderr
+    if (Path(sys.executable).parent / "duckdb").exists():  # the plain CLI, run from the store
+        assert _duckdb_cli("index.duckdb", "select count(*) from episodes", cwd=moved) == "42"
     # and writing into the moved store keeps every artifact queryable
     f = write_jsonl(tmp_path / "more.jsonl", [episode("m1")])
     shutil.copytree(moved, tmp_path / "again")

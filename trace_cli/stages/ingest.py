@@ -28,6 +28,7 @@ from trace_cli.errors import InputError
 from trace_cli.progress import track
 from trace_cli.stages.base import Prepared, checked_config
 from trace_cli.store import Artifact, Store, file_input, layout
+from trace_cli.store.metrics import is_success
 from trace_cli.store.metrics import summarize as pass_summary
 from trace_cli.store.rollouts import rows_table, string_array, tool_call_tuples, write_tables
 from trace_cli.store.tables import EPISODES_SCHEMA, TOOL_CALLS_SCHEMA, TableSpec, register_table
@@ -35,7 +36,6 @@ from trace_cli.store.tables import EPISODES_SCHEMA, TOOL_CALLS_SCHEMA, TableSpec
 NAME = "ingest"
 PATH_KEYS = ("path",)
 OUTPUTS = {"rollouts": "rollouts"}
-from trace_cli.store.metrics import SUCCESS_TOL  # noqa: E402  (τ²-bench: success when |reward - 1| <= 1e-6)
 
 
 class RecordError(Exception):
@@ -293,11 +293,11 @@ def _load_tau2_dir(run: Path, source: str) -> tuple[list[tuple[dict, list[tuple]
         raise InputError(f"{run}: not a τ²-bench run directory (no results.json)")
     if not sims_dir.is_dir():
         raise InputError(f"{run}: results.json has no simulations/ directory beside it")
-    meta = _load_json_file(meta_path, "a τ²-bench results.json")
+    meta = _json_document(meta_path.read_bytes(), meta_path, "a τ²-bench results.json")
     if not isinstance(meta, dict):
         raise InputError(f"{meta_path}: expected a JSON object, got {_type_name(meta)}")
     files = sorted(sims_dir.glob("*.json"))
-    sims = [_load_json_file(f, "a τ²-bench simulation") for f in files]
+    sims = [_json_document(f.read_bytes(), f, "a τ²-bench simulation") for f in files]
     index = meta.get("simulation_index")
     if isinstance(index, list):
         want = {e.get("id") for e in index if isinstance(e, dict)}
@@ -312,15 +312,16 @@ def _load_tau2_dir(run: Path, source: str) -> tuple[list[tuple[dict, list[tuple]
     return _tau2_records(doc, run, source, fast=False)
 
 
-def _load_json_file(path: Path, what: str) -> Any:
-    text = _decode(path.read_bytes(), path)
+def _json_document(data: bytes, path: Path, what: str, hint: str | None = None) -> Any:
+    """One JSON document parsed with `json` (exact values and its error positions), or an InputError."""
+    text = _decode(data, path)
     if not text.strip():
         raise InputError(f"{path}: the file is empty; expected {what}")
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise InputError(
-            f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg}); is the file truncated?"
+            f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg}); is the file truncated?", hint=hint
         ) from e
 
 
@@ -344,18 +345,13 @@ def _parse_tau2(path: Path, source: str) -> tuple[list[tuple[dict, list[tuple]]]
             pass  # redone with `json` below: exact values, and every error exactly as `json` reports it
         del doc
         data = path.read_bytes()
-    text = _decode(data, path)
+    doc = _json_document(
+        data,
+        path,
+        "a τ²-bench results JSON",
+        hint="a τ²-bench results file is one JSON object with `info`, `tasks` and `simulations`",
+    )
     del data
-    if not text.strip():
-        raise InputError(f"{path}: the file is empty; expected a τ²-bench results JSON")
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputError(
-            f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg}); is the file truncated?",
-            hint="a τ²-bench results file is one JSON object with `info`, `tasks` and `simulations`",
-        ) from e
-    del text
     return _tau2_records(doc, path, source, fast=False)
 
 
@@ -505,7 +501,7 @@ def _tau2_records(
             "trial": trial,
             "seed": seed,
             "reward": reward,
-            "success": abs(reward - 1.0) <= SUCCESS_TOL,
+            "success": is_success(reward),
             "termination_reason": term,
             "n_turns": sum(1 for m in msgs if m["role"] == "assistant"),
             "messages": enc(msgs),
@@ -515,6 +511,7 @@ def _tau2_records(
         }
         rows = tool_call_tuples(sid, msgs, dumps=dumps)
         ep["n_tool_calls"] = len(rows)
+        ep["task_id_derived"] = derived_task  # not a column (tables take the schema's fields): for the summary
         seen[sid] = idx
         good.append((ep, rows))
     return good, bad
@@ -662,7 +659,7 @@ def _jsonl_record(
         "trial": trial,
         "seed": seed,
         "reward": reward,
-        "success": bool(rec["success"]) if "success" in rec else abs(reward - 1.0) <= SUCCESS_TOL,
+        "success": bool(rec["success"]) if "success" in rec else is_success(reward),
         "termination_reason": rec.get("termination_reason"),
         "n_turns": sum(1 for m in msgs if m["role"] == "assistant"),
         "messages": enc(msgs),
@@ -779,7 +776,7 @@ def _run(prepared: Prepared, store: Store, *, name, overrides, replace) -> dict[
                 "tool_calls": len(calls),
                 "rejected": len(bad),
                 "excluded": len(excluded),
-                "derived_task_ids": sum(1 for ep, _ in good if ep["task_id"].startswith("derived-")),
+                "derived_task_ids": sum(1 for ep, _ in good if ep.get("task_id_derived")),
                 "format": cfg["format"],
                 "source": cfg["source"],
                 "tasks": passk["tasks"],

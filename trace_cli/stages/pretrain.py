@@ -99,8 +99,8 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
     ) as w:
         model.save_pretrained(w.path / "hf")
         tok.save_pretrained(w.path / "hf")
-        rows = [{**m, "copy_accuracy": m.get("copy_accuracy")} for m in out["metrics"]]
-        pq.write_table(pa.Table.from_pylist(rows, schema=METRICS_SCHEMA), w.path / METRICS_FILE)
+        # rows without a probe get a null copy_accuracy
+        pq.write_table(pa.Table.from_pylist(out["metrics"], schema=METRICS_SCHEMA), w.path / METRICS_FILE)
         w.summary.update(
             {
                 "method": "pretrain",

@@ -19,7 +19,6 @@ at `max_steps`.
 
 from __future__ import annotations
 
-import math
 import random
 import re
 import time
@@ -66,30 +65,7 @@ def copy_row(rng: random.Random, vocab: list[int], sep_ids: list[list[int]], nl:
         labels += [-100] * (len(key) + len(sep)) + key + [-100] * len(nl)
 
 
-def _parts(*groups):
-    return [(g, len(g)) for g in groups if g]
-
-
-def _loss(model, rows, pad):
-    """Next-token cross-entropy over labelled positions; the LM head runs only there."""
-    import torch
-    import torch.nn.functional as F
-
-    L = max(len(r[0]) for r in rows)
-    ids = torch.full((len(rows), L), pad, dtype=torch.long)
-    lab = torch.full((len(rows), L), -100, dtype=torch.long)
-    att = torch.zeros((len(rows), L), dtype=torch.long)
-    for r, (x, y) in enumerate(rows):
-        ids[r, : len(x)] = torch.tensor(x)
-        lab[r, : len(y)] = torch.tensor(y)
-        att[r, : len(x)] = 1
-    h = model.model(input_ids=ids, attention_mask=att).last_hidden_state
-    tgt = lab[:, 1:]
-    sel = tgt != -100
-    return F.cross_entropy(model.lm_head(h[:, :-1][sel]).float(), tgt[sel])
-
-
-def probe(model, tok, vocab: list[int], sep_ids, nl, n: int, seed: int) -> float:
+def probe(model, vocab: list[int], sep_ids, nl, n: int, seed: int) -> float:
     """Held-out exact-copy accuracy: a fresh context of copy pairs, then a new key + separator; the model
     must generate the key exactly (greedy)."""
     import torch
@@ -131,6 +107,8 @@ def pretrain_copy(
     """Train `model` in place on the copy curriculum; returns {metrics, probes, copy_accuracy, steps}."""
     import torch
 
+    from trace_cli.training.sft import assistant_loss, pad_batch
+
     torch.manual_seed(seed)
     rng = random.Random(seed)
     vocab = copy_vocabulary(tok, texts)
@@ -157,10 +135,10 @@ def pretrain_copy(
             start = rng.randrange(max(1, len(d) - seq_len * 2))
             piece = d[start : start + seq_len * 2]
             trs.append((piece, list(piece)))
-        # two forward passes (short copy rows, longer transcript slices): little padding
-        loss = sum(_loss(model, part, pad) * n for part, n in _parts(rows, trs)) / max(
-            1, len(rows) + len(trs)
-        )
+        # two forward passes (short copy rows, longer transcript slices): little padding; each part's mean
+        # token loss weighs by its rows
+        loss = sum(assistant_loss(model, *pad_batch(part, pad)) * len(part) for part in (rows, trs) if part)
+        loss = loss / (len(rows) + len(trs))
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
@@ -168,18 +146,15 @@ def pretrain_copy(
         opt.zero_grad(set_to_none=True)
         m = {"step": step, "loss": float(loss.detach()), "grad_norm": float(gn), "lr": sched.get_last_lr()[0]}
         m["elapsed_s"] = round(time.monotonic() - t0, 2)
-        if step % probe_every == 0 or step == max_steps:
-            acc = probe(model, tok, vocab, sep_ids, nl, probe_size, seed=10_000_019 + seed)
+        time_up = max_minutes is not None and time.monotonic() - t0 > max_minutes * 60
+        if step % probe_every == 0 or step == max_steps or time_up:
+            acc = probe(model, vocab, sep_ids, nl, probe_size, seed=10_000_019 + seed)
             m["copy_accuracy"] = acc
             probes.append({"step": step, "copy_accuracy": acc})
         metrics.append(m)
         if log:
             log(m)
-        if "copy_accuracy" in m and acc >= target:
-            break
-        if max_minutes is not None and time.monotonic() - t0 > max_minutes * 60:
-            acc = probe(model, tok, vocab, sep_ids, nl, probe_size, seed=10_000_019 + seed)
-            probes.append({"step": step, "copy_accuracy": acc})
+        if time_up or ("copy_accuracy" in m and acc >= target):
             break
     model.eval()
     return {
@@ -189,5 +164,5 @@ def pretrain_copy(
         "steps": step,
         "copy_vocabulary": len(vocab),
         "minutes": round((time.monotonic() - t0) / 60, 2),
-        "reached_target": acc >= target and not math.isnan(acc),
+        "reached_target": acc >= target,
     }

@@ -79,6 +79,21 @@ def tokenize(
     return out
 
 
+def pad_batch(rows: list[tuple[list[int], list[int]]], pad: int):
+    """(input_ids, attention_mask, labels) tensors for (ids, labels) rows, right-padded (labels with -100)."""
+    import torch
+
+    L = max(len(x) for x, _ in rows)
+    ids = torch.full((len(rows), L), pad, dtype=torch.long)
+    labels = torch.full((len(rows), L), -100, dtype=torch.long)
+    att = torch.zeros((len(rows), L), dtype=torch.long)
+    for r, (x, y) in enumerate(rows):
+        ids[r, : len(x)] = torch.tensor(x)
+        labels[r, : len(y)] = torch.tensor(y)
+        att[r, : len(x)] = 1
+    return ids, att, labels
+
+
 def assistant_loss(model, ids, att, labels):
     """Next-token cross-entropy on labelled positions only; the LM head runs just there (most tokens are
     prompt, so this skips most of the vocabulary projection)."""
@@ -137,15 +152,7 @@ def train_sft(
                 break
             if max_minutes is not None and time.monotonic() - t0 > max_minutes * 60:
                 return metrics
-            L = max(len(examples[j][0]) for j in b)
-            ids = torch.full((len(b), L), pad, dtype=torch.long)
-            labels = torch.full((len(b), L), -100, dtype=torch.long)
-            att = torch.zeros((len(b), L), dtype=torch.long)
-            for r, j in enumerate(b):
-                x, y = examples[j]
-                ids[r, : len(x)] = torch.tensor(x)
-                labels[r, : len(y)] = torch.tensor(y)
-                att[r, : len(x)] = 1
+            ids, att, labels = pad_batch([examples[j] for j in b], pad)
             loss = assistant_loss(model, ids, att, labels)
             loss.backward()
             gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
