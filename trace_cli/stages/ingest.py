@@ -511,7 +511,9 @@ def _tau2_records(
         }
         rows = tool_call_tuples(sid, msgs, dumps=dumps)
         ep["n_tool_calls"] = len(rows)
-        ep["task_id_derived"] = derived_task  # not a column (tables take the schema's fields): for the summary
+        ep["task_id_derived"] = (
+            derived_task  # not a column (tables take the schema's fields): for the summary
+        )
         seen[sid] = idx
         good.append((ep, rows))
     return good, bad
