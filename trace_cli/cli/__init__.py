@@ -26,6 +26,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "eval_cmd",
         "Run a model on an environment; write rollouts and pass@1 / pass^k.",
     ),
+    "export": (
+        "trace_cli.cli.export",
+        "export",
+        "Write rollouts as τ²-bench results JSON or OpenAI-format JSONL.",
+    ),
     "diagnose": (
         "trace_cli.cli.diagnose",
         "diagnose",

@@ -253,6 +253,19 @@ def _task_id_for(s: dict[str, Any], tasks: dict[str, Any], by_index: dict[str, A
     return "derived-" + hashlib.sha256(basis.encode("utf-8")).hexdigest()[:12], True
 
 
+def _tool_list(defs: Any) -> Any:
+    """τ²-bench's `tool_defs` ({name: ToolSignature{name, doc, params}}) as OpenAI tools; other shapes as they are."""
+    if not isinstance(defs, dict) or not all(isinstance(v, dict) for v in defs.values()):
+        return defs
+    out = []
+    for name, sig in defs.items():
+        fn: dict[str, Any] = {"name": sig.get("name") or name, "description": sig.get("doc") or ""}
+        if isinstance(sig.get("params"), dict):
+            fn["parameters"] = sig["params"]
+        out.append({"type": "function", "function": fn})
+    return out
+
+
 def _tau2_tasks(raw: Any, path: Path, fast: bool = False) -> dict[str, Any]:
     """Task id -> task; the parts ingest reads (evaluation_criteria.actions) are type-checked."""
     if raw is None:
@@ -375,7 +388,7 @@ def _tau2_records(
         raise InputError(
             f"{path}: info.environment_info.domain_name: expected a string, got {_type_name(domain)}"
         )
-    tools = env_info.get("tool_defs")
+    tools = _tool_list(env_info.get("tool_defs"))
     agent_llm = _mapping(info.get("agent_info"), path, "info.agent_info").get("llm")
     tasks = _tau2_tasks(doc.get("tasks"), path, fast)
     # the tool-call rows encode parts of the messages, which `enc` has checked already: no checks needed
