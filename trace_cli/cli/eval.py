@@ -14,13 +14,15 @@ from trace_cli.cli.common import echo_json, info, json_option, open_store, print
         "  trace eval --model policy:reference --env 'shop?families=cancel_order' --seeds 0:50\n\n"
         "  trace eval --model store://adapter/precondition --env store://environment/precondition "
         "--seeds 1000:1100 --trials 4 --temperature 1.0\n\n"
+        "  trace eval --model 'openai:http://127.0.0.1:8000/v1?model=base' --env shop --seeds 0:50\n\n"
         "Writes a rollouts artifact (episodes, tool_calls) and an eval artifact (pass@1, pass^k, families)."
     ),
 )
 @click.option(
     "--model",
     required=True,
-    help="store://model/NAME, store://adapter/NAME, HF dir, hub id, policy:reference, policy:random.",
+    help="store://model/NAME, store://adapter/NAME, HF dir, hub id, policy:reference, policy:random, "
+    "or an OpenAI-compatible endpoint 'openai:http://HOST:PORT/v1?model=NAME' (key from $OPENAI_API_KEY).",
 )
 @click.option(
     "--env", required=True, help="Registered env (shop, 'shop?families=a,b') or store://environment/NAME."

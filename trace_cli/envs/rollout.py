@@ -93,6 +93,10 @@ def apply_actions(
                 # text the agent wrote around its calls ("Let me check that order.") stays in the transcript
                 # and in the next prompt, as the chat template renders content before tool calls
                 msg["content"] = _text_outside_calls(raw)
+            else:  # a structured turn (an API model's tool_calls) may say something alongside its calls
+                msg["content"] = next(
+                    (a["content"] for a in actions if "content" in a and "name" not in a), ""
+                )
         state.messages.append(msg)
         for cid, a in zip(ids, calls, strict=True):
             if "malformed" in a:

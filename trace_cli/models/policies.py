@@ -131,45 +131,62 @@ class HFPolicy:
         self._round = 0
 
     def act(self, states: list[EpisodeState]) -> list[str]:
-        import torch
-
         from trace_cli.models.chat import render
 
         prompts = [render(self.tok, s.messages, s.tools, add_generation_prompt=True) for s in states]
+        texts = []
+        for s, (text, ids, prompt_ids) in zip(states, self.generate(prompts), strict=True):
+            s.gen_tokens += len(ids)
+            if self.record_tokens:
+                s.turns.append({"prompt_ids": prompt_ids, "completion_ids": ids})
+            texts.append(text)
+        return texts
+
+    def generate(
+        self,
+        prompts: list[str],
+        *,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        max_new_tokens: int | None = None,
+    ) -> list[tuple[str, list[int], list[int]]]:
+        """One batched `generate` for rendered prompts: (text, completion ids, prompt ids) per prompt, the
+        text cut after the end-of-turn token. Settings default to the policy's (`trace serve` passes a
+        request's own)."""
+        import torch
+
+        temperature = self.temperature if temperature is None else temperature
+        top_p = self.top_p if top_p is None else top_p
         self.tok.padding_side = "left"
         enc = self.tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         if self.max_prompt_tokens and enc["input_ids"].shape[1] > self.max_prompt_tokens:
             enc = {k: v[:, -self.max_prompt_tokens :] for k, v in enc.items()}
         # the model may live on a GPU (load_hf moves it there); the tokenizer's tensors are on the CPU
         enc = {k: v.to(self.model.device) for k, v in enc.items()}
-        do_sample = self.temperature > 0
+        do_sample = temperature > 0
         gen_kwargs: dict[str, Any] = {
-            "max_new_tokens": self.max_new_tokens,
+            "max_new_tokens": self.max_new_tokens if max_new_tokens is None else max_new_tokens,
             "do_sample": do_sample,
             "pad_token_id": self.tok.pad_token_id,
             "eos_token_id": self.tok.convert_tokens_to_ids("<|im_end|>"),
         }
         if do_sample:
-            gen_kwargs.update(temperature=self.temperature, top_p=self.top_p, top_k=0)
+            gen_kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
             # a per-round seed derived from the run seed: reruns reproduce, rounds differ
             torch.manual_seed(self.seed * 100_003 + self._round)
         self._round += 1
         with torch.inference_mode():
             out = self.model.generate(**enc, **gen_kwargs)
         new = out[:, enc["input_ids"].shape[1] :]
-        texts = []
+        results = []
         eos = gen_kwargs["eos_token_id"]
-        for i, s in enumerate(states):
+        for i in range(len(prompts)):
             ids = new[i].tolist()
             # Rows that stop early are padded after their EOS. A row without EOS ran to max_new_tokens, so
             # every one of its tokens was generated (even a pad-id token the model chose mid-turn): keep all.
             # A truncated turn is parsed as-is (an unterminated tool call is malformed).
             ids = ids[: ids.index(eos) + 1] if eos in ids else ids
-            s.gen_tokens += len(ids)
-            text = self.tok.decode(ids, skip_special_tokens=False)
-            if self.record_tokens:
-                p = enc["input_ids"][i]
-                m = enc["attention_mask"][i]
-                s.turns.append({"prompt_ids": p[m.bool()].tolist(), "completion_ids": ids})
-            texts.append(text)
-        return texts
+            p = enc["input_ids"][i]
+            m = enc["attention_mask"][i]
+            results.append((self.tok.decode(ids, skip_special_tokens=False), ids, p[m.bool()].tolist()))
+        return results

@@ -1,4 +1,5 @@
-"""Model references: `policy:reference|random`, store artifacts (model, adapter), local HF dirs, hub ids.
+"""Model references: `policy:reference|random`, store artifacts (model, adapter), local HF dirs, hub ids, and
+OpenAI-compatible endpoints (`openai:http://HOST:PORT/v1?model=NAME`).
 
 `resolve_model()` is cheap (no weights loaded) so stages can validate references before any compute;
 `load_policy()` does the loading.
@@ -47,7 +48,7 @@ _BIG = 64 << 20
 
 @dataclass
 class ModelRef:
-    kind: str  # builtin | hf | adapter
+    kind: str  # builtin | hf | adapter | openai
     display: str
     digest: str
     path: Path | None = None  # the HF model dir (base model for adapters)
@@ -98,6 +99,14 @@ def resolve_model(ref: str, store: Store | None = None) -> ModelRef:
     if not isinstance(ref, str) or not ref:
         raise UsageError(
             "a model reference is required (store://model/NAME, a local dir, or policy:reference)"
+        )
+    if ref.startswith("openai:"):
+        from trace_cli.llm.openai_client import parse_ref
+
+        ep = parse_ref(ref)  # validated now; nothing is contacted until the policy acts
+        # identity = endpoint + model (what is served there may change: re-run with --force)
+        return ModelRef(
+            "openai", ep.display, hashlib.sha256(ep.display.encode()).hexdigest(), extra={"ref": ref}
         )
     if ref.startswith("policy:demonstration"):
         _demonstration_params(ref)  # validate now
@@ -215,6 +224,17 @@ def load_policy(
 ):
     from trace_cli.models import policies
 
+    if ref.kind == "openai":
+        from trace_cli.agents.openai_policy import OpenAIPolicy
+        from trace_cli.llm.openai_client import parse_ref
+
+        return OpenAIPolicy(
+            parse_ref(ref.extra["ref"]),
+            temperature=temperature,
+            top_p=top_p,
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+        )
     if ref.kind == "builtin":
         if ref.display.startswith("policy:demonstration"):
             deficits, rate = _demonstration_params(ref.display)

@@ -1,0 +1,1 @@
+"""Agents: policies the rollout loop drives. `openai_policy` is any OpenAI-compatible endpoint."""
