@@ -21,6 +21,9 @@ class UsageError(TraceError):
     """Bad command line, config or input; exit 2."""
 
 
+MAX_SHOWN_ERRORS = 200  # a message lists at most this many (a generated file can have millions)
+
+
 class ValidationError(UsageError):
     """Schema validation failed; carries every error found (file, YAML path, message)."""
 
@@ -28,9 +31,10 @@ class ValidationError(UsageError):
         self.errors = list(errors)
         head = f"{source}: " if source else ""
         n = len(self.errors)
-        msg = f"{head}{n} validation error{'s' if n != 1 else ''}:\n" + "\n".join(
-            f"  {e}" for e in self.errors
-        )
+        shown = self.errors[:MAX_SHOWN_ERRORS]
+        msg = f"{head}{n} validation error{'s' if n != 1 else ''}:\n" + "\n".join(f"  {e}" for e in shown)
+        if n > len(shown):
+            msg += f"\n  ... and {n - len(shown)} more (fix these first)"
         super().__init__(msg)
 
 

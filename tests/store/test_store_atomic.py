@@ -8,11 +8,12 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 from trace_testing import episode, run_cli, run_trace, write_jsonl
 
-from trace_cli.store import Store
+from trace_cli.store import Store, maintenance
 
 WRITER = textwrap.dedent(
     """
@@ -91,6 +92,11 @@ def test_gc_removes_artifact_dirs_without_manifest(store, tmp_path, where):
         (orphan / "manifest.yaml.tmp").write_text("kind: rollouts\n")
     assert len(Store(store).list()) == 1
     assert run_cli("store", "verify", "--store", store).exit_code == 0
+    # a fresh one is left alone for a grace period (defence in depth against a writer still renaming)
+    r = run_cli("store", "gc", "--store", store)
+    assert r.exit_code == 0 and "removed 0" in r.stdout and orphan.exists()
+    old = time.time() - maintenance.GC_GRACE_S - 5
+    os.utime(orphan, (old, old))
     r = run_cli("store", "gc", "--store", store)
     assert r.exit_code == 0 and f"removed {orphan}" in r.stdout
     assert not orphan.exists() and len(Store(store).list()) == 1

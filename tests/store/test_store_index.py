@@ -250,7 +250,7 @@ def test_sql_output_formats_and_errors(populated):
     before = snapshot(populated)
     for bad, msg in [
         ("select nope from episodes", "SQL error"),
-        ("drop table artifacts", "SQL error"),
+        ("drop table artifacts", "refused SQL statement"),
         ("select * from", "SQL error"),
     ]:
         r = run_cli("store", "sql", bad, "--store", populated)

@@ -42,9 +42,29 @@ def store_option(f):
 
 
 def open_store(store_dir: str | None):
+    """The store named by --store, else $TRACE_STORE, else ./store. A path that is not a directory is a usage
+    error (exit 2). If a run was killed between committing an artifact and indexing it, the index is
+    repaired here, so every command sees it (a warning, never a failure, if that is not possible now)."""
+    import os
+
+    from trace_cli.errors import TraceError
     from trace_cli.store import Store
 
-    return Store(store_dir if store_dir else default_store_root())
+    if store_dir:
+        st = Store(store_dir, origin=f"--store {store_dir}")
+    elif os.environ.get("TRACE_STORE"):
+        st = Store(default_store_root(), origin=f"$TRACE_STORE={os.environ['TRACE_STORE']}")
+    else:
+        st = Store(default_store_root())
+    st.check_root()
+    try:
+        fixed = st.repair_index()
+    except (TraceError, OSError) as e:
+        info(f"warning: could not repair the index ({e}); run `trace store reindex`")
+    else:
+        if fixed:
+            info(f"repaired the index (a run was killed before indexing): {', '.join(fixed)}")
+    return st
 
 
 def json_option(f):

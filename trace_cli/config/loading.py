@@ -10,22 +10,13 @@ from typing import Any
 
 import yaml
 
+from trace_cli.config import safe_yaml
 from trace_cli.errors import InputError, NotFoundError, UsageError
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads `1e-5` as a number (YAML 1.2; YAML 1.1 wants `1.0e-5` and gives a string)."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
-
-
 def _yaml_load(text: str) -> Any:
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    """Safe types only; duplicate keys, alias bombs, deep nesting and huge documents are errors."""
+    return safe_yaml.load(text)
 
 
 def load_document(path: str | Path) -> Any:
@@ -35,6 +26,14 @@ def load_document(path: str | Path) -> Any:
         raise NotFoundError(f"{p}: no such file")
     if p.is_dir():
         raise InputError(f"{p}: is a directory, expected a YAML or JSON file")
+    if not p.is_file():
+        raise InputError(f"{p}: not a regular file, expected a YAML or JSON file")
+    size = p.stat().st_size
+    if size > safe_yaml.MAX_BYTES:
+        raise InputError(
+            f"{p}: {size:,} bytes; config and recipe files are limited to "
+            f"{safe_yaml.MAX_BYTES // (1024 * 1024)} MiB"
+        )
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
@@ -47,6 +46,8 @@ def load_document(path: str | Path) -> Any:
         return _yaml_load(text)
     except json.JSONDecodeError as e:
         raise InputError(f"{p}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from e
+    except RecursionError as e:
+        raise InputError(f"{p}: nested too deeply to read; flatten the document") from e
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)

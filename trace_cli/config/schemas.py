@@ -122,12 +122,8 @@ def validate(doc: Any, schema_name: str | dict[str, Any], *, source: str | None 
     for err in sorted(validator.iter_errors(doc), key=lambda e: [str(p) for p in e.absolute_path]):
         problems.extend(_messages(err))
     if problems:
-        seen: list[str] = []
-        for p, m in problems:
-            line = f"{format_path(p)}: {m}"
-            if line not in seen:
-                seen.append(line)
-        raise ValidationError(seen, source=source)
+        seen = dict.fromkeys(f"{format_path(p)}: {m}" for p, m in problems)  # ordered, linear de-dup
+        raise ValidationError(list(seen), source=source)
 
 
 def schema_for(doc: Any, path: Path | None = None) -> str:

@@ -14,11 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from trace_cli import __version__
 from trace_cli.errors import NotFoundError, StoreError, UsageError
-from trace_cli.store import layout
+from trace_cli.store import commit, layout
 from trace_cli.store.hashing import artifact_id, sha256_file, sha256_json
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
@@ -116,39 +114,87 @@ class ArtifactWriter:
             "digest": sha256_json([(f["path"], f["sha256"]) for f in files]),
             "summary": self.summary,
         }
+        # The manifest goes into the temp dir first: one rename then makes the artifact visible complete, so
+        # a directory under STORE/KIND/ without a manifest is never a live commit (gc may remove it).
+        commit.write_manifest(self.path / layout.MANIFEST, manifest)
         final.parent.mkdir(parents=True, exist_ok=True)
-        if self.replace and final.exists():
-            # --force: move the old artifact aside first, so a crash never leaves a half-replaced one
-            old = self.store.tmp_root / f"replaced-{self.kind}-{self.id}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            os.replace(final, old)
-            shutil.rmtree(old, ignore_errors=True)
-        if (final / layout.MANIFEST).exists():
+        marker = commit.mark_pending(self.store.root, self.kind, self.id)
+        if (final / layout.MANIFEST).exists() and self.replace:
+            commit.replace_dir(self.path, final)  # --force: readers never find a file missing
+            art = Artifact(self.kind, self.id, final, manifest)
+        elif (final / layout.MANIFEST).exists():
             # Same id = same stage, config and inputs: the existing artifact stands; drop ours.
             shutil.rmtree(self.path, ignore_errors=True)
             art = self.store.get(self.kind, self.id)
         else:
-            if final.exists():  # half-written leftover of a killed run (no manifest): replace it
-                shutil.rmtree(final)
-            os.replace(self.path, final)
-            tmp_manifest = final / (layout.MANIFEST + ".tmp")
-            tmp_manifest.write_text(yaml.safe_dump(manifest, sort_keys=False, allow_unicode=True))
-            with open(tmp_manifest, "rb+") as fh:
-                os.fsync(fh.fileno())
-            os.replace(tmp_manifest, final / layout.MANIFEST)
-            art = Artifact(self.kind, self.id, final, manifest)
+            if final.exists():  # a leftover without a manifest (an older version's killed commit): set aside
+                aside = (
+                    self.store.tmp_root
+                    / f"leftover-{self.kind}-{self.id}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+                )
+                with contextlib.suppress(FileNotFoundError):
+                    os.replace(final, aside)
+                shutil.rmtree(aside, ignore_errors=True)
+            try:
+                os.replace(self.path, final)
+                art = Artifact(self.kind, self.id, final, manifest)
+            except OSError as e:  # another process committed the same id in between: theirs stands
+                if not (final / layout.MANIFEST).exists():
+                    raise
+                shutil.rmtree(self.path, ignore_errors=True)
+                art = self.store.get(self.kind, self.id)
+                del e  # (not chained: the existing artifact is the result)
+            commit.fsync_dir(final.parent)
         if self.name:
             self.store.set_name(self.kind, self.name, self.id)
-        self.store.index_add(art)
+        if self.store.index_add(art):
+            marker.unlink(missing_ok=True)  # else it stays: the next command repairs the index
         self.artifact = art
         return art
+
+
+_MANIFEST_KEYS = {"kind": str, "id": str, "digest": str, "files": list}
+
+
+def read_manifest(path: Path, kind: str | None = None, aid: str | None = None) -> dict[str, Any]:
+    """Load and sanity-check a manifest; UsageError (exit 2) naming the file and the way out when it is
+    malformed (the artifact's files are then of unknown integrity)."""
+    import yaml
+
+    from trace_cli.config import safe_yaml
+
+    fix = (
+        "the artifact is damaged: restore the directory from a backup, or delete it and rerun the step that "
+        "made it, then run `trace store reindex`; `trace store verify` lists every damaged artifact"
+    )
+    try:
+        doc = safe_yaml.load(path.read_bytes())
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path}: malformed manifest ({str(e).splitlines()[0]})", hint=fix) from e
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read manifest ({e.strerror})", hint=fix) from e
+    if not isinstance(doc, dict):
+        raise UsageError(f"{path}: malformed manifest (not a mapping)", hint=fix)
+    bad = [k for k, t in _MANIFEST_KEYS.items() if not isinstance(doc.get(k), t)]
+    if bad:
+        raise UsageError(f"{path}: malformed manifest (missing or mistyped: {', '.join(bad)})", hint=fix)
+    if (kind is not None and doc["kind"] != kind) or (aid is not None and doc["id"] != aid):
+        raise UsageError(
+            f"{path}: manifest says {doc['kind']}/{doc['id']}, but it lies in {kind}/{aid}", hint=fix
+        )
+    for f in doc["files"]:
+        if not (isinstance(f, dict) and isinstance(f.get("path"), str) and isinstance(f.get("sha256"), str)):
+            raise UsageError(f"{path}: malformed manifest (a `files` entry lacks path/sha256)", hint=fix)
+    return doc
 
 
 class Store:
     """A store root on disk. Cheap to construct; nothing is created until something is written."""
 
-    def __init__(self, root: str | Path | None = None):
+    def __init__(self, root: str | Path | None = None, *, origin: str | None = None):
         self.root = Path(root) if root is not None else layout.default_store_root()
         self.root = self.root.resolve()
+        self.origin = origin  # where the path came from (--store, $TRACE_STORE), for error messages
 
     # ---------------------------------------------------------------- paths
     @property
@@ -188,10 +234,19 @@ class Store:
             self.check_name(name)
         inputs = list(inputs or [])
         aid = id or self.compute_id(stage, config, inputs)
-        self.ensure()
-        self.tmp_root.mkdir(parents=True, exist_ok=True)
+        self.check_root()
         tmp = self.tmp_root / f"{kind}-{aid}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
+        try:
+            self.tmp_root.mkdir(parents=True, exist_ok=True)
+            tmp.mkdir()
+            (tmp / ".probe").touch()  # catches a read-only store before any work is done
+            (tmp / ".probe").unlink()
+        except OSError as e:
+            origin = f" (from {self.origin})" if self.origin else ""
+            raise UsageError(
+                f"store {self.root}{origin} is not writable: {e.strerror}: {e.filename}",
+                hint="fix its permissions, or choose another store with --store or $TRACE_STORE",
+            ) from e
         w = ArtifactWriter(
             self, kind, stage, config, inputs, aid, tmp, name, list(overrides or []), seed, replace
         )
@@ -240,11 +295,7 @@ class Store:
         m = d / layout.MANIFEST
         if not m.is_file():
             return None
-        try:
-            manifest = yaml.safe_load(m.read_text())
-        except yaml.YAMLError as e:
-            raise StoreError(f"{m}: unreadable manifest ({e}); run `trace store verify`") from e
-        return Artifact(kind, aid, d, manifest)
+        return Artifact(kind, aid, d, read_manifest(m, kind, aid))
 
     def exists(self, kind: str, aid: str) -> bool:
         return (self.root / kind / aid / layout.MANIFEST).is_file()
@@ -313,125 +364,69 @@ class Store:
         )
 
     # ---------------------------------------------------------------- maintenance
+    def check_root(self, *, must_exist: bool = False) -> None:
+        """UsageError (exit 2) when the store path is not a usable directory."""
+        origin = f" (from {self.origin})" if self.origin else ""
+        if self.root.exists() and not self.root.is_dir():
+            raise UsageError(
+                f"store {self.root}{origin} is not a directory",
+                hint="point --store or $TRACE_STORE at a directory; it is created on first write",
+            )
+        if must_exist and not self.root.is_dir():
+            raise UsageError(
+                f"store {self.root}{origin} does not exist",
+                hint="check --store / $TRACE_STORE, or create it by running a stage such as `trace ingest`",
+            )
+
     def verify(self) -> list[dict[str, Any]]:
-        """Re-hash every file of every artifact; return one problem record per bad artifact."""
-        problems = []
-        for art in self.list():
-            issues = []
-            listed = set()
-            for f in art.manifest.get("files", []):
-                listed.add(f["path"])
-                p = art.path / f["path"]
-                if not p.is_file():
-                    issues.append(f"missing {f['path']}")
-                elif p.stat().st_size != f["size"] or sha256_file(p) != f["sha256"]:
-                    issues.append(f"changed {f['path']}")
-            for p in art.path.rglob("*"):
-                if p.is_file():
-                    rel = p.relative_to(art.path).as_posix()
-                    if rel != layout.MANIFEST and rel not in listed:
-                        issues.append(f"unlisted {rel}")
-            if issues:
-                problems.append({"kind": art.kind, "id": art.id, "problems": issues})
-        return problems
+        """Re-hash every file of every artifact and compare the index with the manifests; return one
+        problem record per bad artifact."""
+        from trace_cli.store import maintenance
+
+        return maintenance.verify(self)
 
     def gc(
         self, *, min_age_s: float = 0.0, dry_run: bool = False, include_resumable: bool = False
     ) -> list[str]:
-        """Remove half-written temp dirs, artifact dirs that never got a manifest, and index files of a
-        killed `reindex`; with `dry_run`, only return what would be removed. Work dirs of interrupted
-        training runs (marked RESUMABLE, continued by `trace train --resume`) are kept unless
-        `include_resumable`, and never touched while their run holds its lock."""
-        import time
+        """Remove leftovers of killed runs (see maintenance.gc); with `dry_run`, only list them."""
+        from trace_cli.store import maintenance
 
-        def drop(p: Path) -> None:
-            if not dry_run:
-                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-            removed.append(str(p))
-
-        removed: list[str] = []
-        now = time.time()
-        if self.tmp_root.is_dir():
-            for d in sorted(self.tmp_root.iterdir()):
-                if now - d.stat().st_mtime < min_age_s:
-                    continue
-                if (d / RESUMABLE).is_file():
-                    if _locked(d / ".lock") or not include_resumable:
-                        continue
-                pid = _pid_of(d.name)
-                if pid is not None and pid != os.getpid() and _alive(pid) and min_age_s == 0:
-                    # still being written by a live process; leave it
-                    continue
-                drop(d)
-        for k in layout.KINDS:
-            kd = self.root / k
-            if kd.is_dir():
-                for d in sorted(kd.iterdir()):
-                    if d.is_dir() and not (d / layout.MANIFEST).exists():
-                        drop(d)
-        if self.root.is_dir():
-            for f in sorted(
-                self.root.glob(".index-*.duckdb*")
-            ):  # .index-PID-HEX.duckdb[.wal], see index.rebuild
-                parts = f.name.split("-")
-                pid = int(parts[1]) if len(parts) >= 3 and parts[1].isdigit() else None
-                if pid is not None and pid != os.getpid() and _alive(pid):
-                    continue
-                drop(f)
-        return removed
+        return maintenance.gc(self, min_age_s=min_age_s, dry_run=dry_run, include_resumable=include_resumable)
 
     # ---------------------------------------------------------------- index
-    def index_add(self, art: Artifact) -> None:
+    def index_add(self, art: Artifact) -> bool:
+        """Index a committed artifact; False (with a warning) when the index could not be updated."""
         import duckdb
 
         from trace_cli.store import index
 
         try:
             index.add_artifact(self, art)
-        except (StoreError, duckdb.Error) as e:  # the files are the truth; the index can be rebuilt
+            return True
+        except (StoreError, duckdb.Error, OSError) as e:  # the files are the truth; the index can be rebuilt
             print(f"warning: index not updated ({e}); run `trace store reindex`", file=sys.stderr)
+            return False
+
+    def repair_index(self) -> list[str]:
+        """When a run was killed between committing an artifact and indexing it (a marker is left in
+        STORE/.pending), bring the index in line with the manifests. Cheap when there is nothing to do (one
+        directory listing). Returns the artifacts added to or dropped from the index."""
+        marks = commit.pending(self.root)
+        if not marks:
+            return []
+        from trace_cli.store import index
+
+        fixed = index.sync(self) if self.index_path.exists() else []
+        commit.clear_pending(marks)
+        return fixed
 
     def reindex(self) -> dict[str, int]:
         from trace_cli.store import index
 
-        return index.rebuild(self)
+        marks = commit.pending(self.root)
+        counts = index.rebuild(self)
+        commit.clear_pending(marks)
+        return counts
 
 
 RESUMABLE = "RESUMABLE"  # marker file of a training work dir that `trace train --resume` can continue
-
-
-def _locked(path: Path) -> bool:
-    """True while another process holds the exclusive flock on `path` (a running training job)."""
-    import fcntl
-
-    if not path.is_file():
-        return False
-    with open(path, "a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return True
-        fcntl.flock(fh, fcntl.LOCK_UN)
-    return False
-
-
-def _pid_of(name: str) -> int | None:
-    parts = name.split("-")
-    if len(parts) >= 4 and parts[-2].isdigit():
-        return int(parts[-2])
-    return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie still answers kill(0); treat zombies as dead
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True

@@ -10,14 +10,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import threading
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trace_cli.errors import StoreError, UsageError
+from trace_cli.errors import StoreError
+from trace_cli.store.layout import KINDS, MANIFEST
 from trace_cli.store.tables import TABLES, duck_type
 
 if TYPE_CHECKING:
@@ -37,6 +37,20 @@ DDL = [
         parent_path VARCHAR, parent_digest VARCHAR)""",
     """CREATE TABLE IF NOT EXISTS names (kind VARCHAR, name VARCHAR, id VARCHAR, PRIMARY KEY (kind, name))""",
 ]
+
+
+class IndexUnreadable(StoreError):
+    """index.duckdb exists but DuckDB cannot open it. It is derived from the manifests, so this is repaired by
+    rebuilding it: exit 2 with that hint."""
+
+    exit_code = 2
+
+    def __init__(self, path: Path, err: Exception):
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        super().__init__(
+            f"cannot read the store index {path}: {first}",
+            hint="the index is derived from the manifests: rebuild it with `trace store reindex`",
+        )
 
 
 def _connect(path: Path, read_only: bool = False):
@@ -59,10 +73,14 @@ def _open(path: Path, read_only: bool):
                 return duckdb.connect(str(path), read_only=True)
             return duckdb.connect(str(path), config={"storage_compatibility_version": STORAGE_VERSION})
         except duckdb.IOException as e:
-            if "lock" not in str(e).lower() or time.monotonic() > deadline:
+            if "lock" not in str(e).lower():
+                raise IndexUnreadable(path, e) from e
+            if time.monotonic() > deadline:
                 raise StoreError(f"cannot open {path}: {e}") from e
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
+        except duckdb.Error as e:  # not a DuckDB file, a truncated one, another storage version, ...
+            raise IndexUnreadable(path, e) from e
 
 
 def _sql_str(s: str) -> str:
@@ -182,7 +200,11 @@ def add_artifact(store: Store, art: Artifact) -> None:
         if not store.index_path.exists():
             _rebuild(store)
             return
-        con = _connect(store.index_path)
+        try:
+            con = _connect(store.index_path)
+        except IndexUnreadable:  # derived data: rebuild it rather than leave the new artifact unindexed
+            _rebuild(store)
+            return
         if _moved(con, store):
             con.close()
             _rebuild(store)
@@ -236,51 +258,57 @@ def _rebuild(store: Store) -> dict[str, int]:
 
 
 def query(store: Store, sql: str, params: list[Any] | None = None) -> tuple[list[str], list[tuple]]:
-    """Run a read-only query against the index; returns (column names, rows)."""
+    """Run a read-only, confined query against the index (see store/sql.py); returns (columns, rows)."""
+    from trace_cli.store import sql as sql_mod
+
+    return sql_mod.query(store, sql, params)
+
+
+def committed(store: Store) -> set[tuple[str, str]]:
+    """(kind, id) of every artifact with a manifest (one stat per directory; no manifest is parsed)."""
+    out = set()
+    for k in KINDS:
+        kd = store.root / k
+        if kd.is_dir():
+            out |= {(k, d.name) for d in kd.iterdir() if (d / MANIFEST).is_file()}
+    return out
+
+
+def indexed(store: Store) -> set[tuple[str, str]]:
+    """(kind, id) of every artifact the index lists."""
     import duckdb
 
-    if not store.index_path.exists():
-        if not store.root.exists():
-            raise UsageError(f"store {store.root} does not exist (nothing has been written yet)")
-        rebuild(store)
-    con = _connect(store.index_path, read_only=True)
-    if _moved(con, store):
-        con.close()
-        rebuild(store)
-        con = _connect(store.index_path, read_only=True)
+    con = _open(store.index_path, read_only=True)
     try:
-        box: dict[str, Any] = {}
-        done = threading.Event()
-
-        def work() -> None:
-            try:
-                cur = con.execute(sql, params or [])
-                box["cols"] = [d[0] for d in cur.description] if cur.description is not None else []
-                box["rows"] = cur.fetchall() if cur.description is not None else []
-            except BaseException as e:  # handed to the calling thread
-                box["error"] = e
-            finally:
-                done.set()
-
-        # DuckDB does not see SIGINT while it executes on the main thread, so a long query would ignore Ctrl-C:
-        # run it on a worker and interrupt it from here, then re-raise (exit code 130). (An Event, not
-        # Thread.join: a join interrupted by KeyboardInterrupt can leave is_alive() wrong on Python 3.11.)
-        worker = threading.Thread(target=work, name="trace-sql", daemon=True)
-        try:
-            worker.start()
-            while not done.wait(0.05):
-                pass
-        except KeyboardInterrupt:
-            while not done.is_set() and worker.ident is not None:  # ident is None: it never started
-                with contextlib.suppress(duckdb.Error):
-                    con.interrupt()
-                done.wait(0.05)
-            raise
-        err = box.get("error")
-        if isinstance(err, duckdb.Error):
-            raise UsageError(f"SQL error: {str(err).strip()}") from err
-        if err is not None:
-            raise err
-        return box["cols"], box["rows"]
+        return {(k, i) for k, i in con.execute("SELECT kind, id FROM artifacts").fetchall()}
+    except duckdb.Error as e:
+        raise IndexUnreadable(store.index_path, e) from e
     finally:
         con.close()
+
+
+def sync(store: Store) -> list[str]:
+    """Bring the index in line with the manifests: add committed artifacts it lacks (a run killed between
+    its commit and its index update), drop rows whose artifact is gone. Returns what changed, as KIND/ID."""
+    if not store.index_path.exists() or committed(store) == indexed(store):
+        return []
+    with _write_lock(store):
+        disk, idx = committed(store), indexed(store)
+        missing, stale = sorted(disk - idx), sorted(idx - disk)
+        if not missing and not stale:
+            return []
+        arts = [store.get(k, i) for k, i in missing]
+        con = _connect(store.index_path)
+        try:
+            con.execute("BEGIN TRANSACTION")
+            for art in arts:
+                _insert_artifact(con, store, art)
+            for k, i in stale:
+                con.execute("DELETE FROM artifacts WHERE kind = ? AND id = ?", [k, i])
+                con.execute("DELETE FROM lineage WHERE child_kind = ? AND child_id = ?", [k, i])
+            _refresh_names(con, store)
+            _refresh_views(con, store, {k for k, _ in missing + stale})
+            con.execute("COMMIT")
+        finally:
+            con.close()
+    return [f"{k}/{i}" for k, i in missing + stale]

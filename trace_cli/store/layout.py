@@ -22,3 +22,6 @@ REJECTS = "rejects.jsonl"
 def default_store_root() -> Path:
     """`$TRACE_STORE`, else `./store`."""
     return Path(os.environ.get("TRACE_STORE") or "store")
+
+
+PENDING_DIR = ".pending"  # markers of commits whose index update has not finished (see store/commit.py)

@@ -1,0 +1,140 @@
+"""Store maintenance: `verify` (files against manifests, index against manifests) and `gc` (leftovers of
+killed runs)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trace_cli.errors import UsageError
+from trace_cli.store import commit, layout
+from trace_cli.store.hashing import sha256_file
+
+if TYPE_CHECKING:
+    from trace_cli.store.artifacts import Store
+
+# A directory under STORE/KIND/ without a manifest is never a live commit (the manifest is inside the
+# directory before it is renamed into place), so gc may remove it; the grace period is defence in depth
+# against a writer of an older version that renamed first and wrote the manifest after.
+GC_GRACE_S = 300.0
+
+
+def _artifact_dirs(store: Store) -> list[tuple[str, Path]]:
+    out = []
+    for k in layout.KINDS:
+        kd = store.root / k
+        if kd.is_dir():
+            out += [(k, d) for d in sorted(kd.iterdir()) if d.is_dir()]
+    return out
+
+
+def verify(store: Store) -> list[dict[str, Any]]:
+    from trace_cli.store.artifacts import read_manifest
+
+    store.check_root(must_exist=True)
+    problems: list[dict[str, Any]] = []
+    committed: set[tuple[str, str]] = set()
+    for kind, d in _artifact_dirs(store):
+        m = d / layout.MANIFEST
+        if not m.is_file():
+            continue  # not an artifact (a leftover for gc)
+        committed.add((kind, d.name))
+        try:
+            manifest = read_manifest(m, kind, d.name)
+        except UsageError as e:
+            problems.append({"kind": kind, "id": d.name, "problems": [e.message]})
+            continue
+        issues = []
+        listed = set()
+        for f in manifest["files"]:
+            listed.add(f["path"])
+            p = d / f["path"]
+            if not p.is_file():
+                issues.append(f"missing {f['path']}")
+            elif p.stat().st_size != f.get("size") or sha256_file(p) != f["sha256"]:
+                issues.append(f"changed {f['path']}")
+        for p in d.rglob("*"):
+            if p.is_file():
+                rel = p.relative_to(d).as_posix()
+                if rel != layout.MANIFEST and rel not in listed:
+                    issues.append(f"unlisted {rel}")
+        if issues:
+            problems.append({"kind": kind, "id": d.name, "problems": issues})
+    problems += _index_problems(store, committed)
+    return problems
+
+
+def _index_problems(store: Store, committed: set[tuple[str, str]]) -> list[dict[str, Any]]:
+    """The index must list exactly the committed artifacts (it is derived from them)."""
+    from trace_cli.store import index
+
+    if not committed and not store.index_path.exists():
+        return []
+    fix = "run `trace store reindex`"
+    if not store.index_path.exists():
+        return [{"kind": "index", "id": layout.INDEX, "problems": [f"missing; {fix}"]}]
+    try:
+        indexed = index.indexed(store)
+    except UsageError as e:
+        return [{"kind": "index", "id": layout.INDEX, "problems": [e.message + f"; {fix}"]}]
+    out = []
+    for k, i in sorted(committed - indexed):
+        out.append({"kind": k, "id": i, "problems": [f"committed but missing from the index; {fix}"]})
+    for k, i in sorted(indexed - committed):
+        out.append({"kind": k, "id": i, "problems": [f"in the index but has no manifest; {fix}"]})
+    return out
+
+
+def gc(
+    store: Store, *, min_age_s: float = 0.0, dry_run: bool = False, include_resumable: bool = False
+) -> list[str]:
+    """Remove half-written temp dirs of dead writers, artifact dirs without a manifest (older than
+    GC_GRACE_S), and index files of a killed `reindex`. Work dirs of interrupted training runs (marked
+    RESUMABLE, continued by `trace train --resume`) are kept unless `include_resumable`, and never touched
+    while their run holds its lock."""
+    from trace_cli.store.artifacts import RESUMABLE
+
+    store.check_root(must_exist=True)
+    removed: list[str] = []
+
+    def drop(p: Path) -> None:
+        if not dry_run:
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        removed.append(str(p))
+
+    now = time.time()
+    if store.tmp_root.is_dir():
+        for d in sorted(store.tmp_root.iterdir()):
+            try:
+                age = now - d.stat().st_mtime
+            except FileNotFoundError:  # its writer just committed or cleaned it up
+                continue
+            if age < min_age_s:
+                continue
+            if (d / RESUMABLE).is_file():
+                if commit.locked(d / ".lock") or not include_resumable:
+                    continue
+            pid = commit.pid_of(d.name)
+            if pid is not None and pid != os.getpid() and commit.alive(pid) and min_age_s == 0:
+                continue  # still being written by a live process
+            drop(d)
+    for _kind, d in _artifact_dirs(store):
+        try:
+            if (d / layout.MANIFEST).exists() or now - d.stat().st_mtime < max(GC_GRACE_S, min_age_s):
+                continue
+        except FileNotFoundError:
+            continue
+        drop(d)
+    if store.root.is_dir():
+        for f in sorted(
+            store.root.glob(".index-*.duckdb*")
+        ):  # .index-PID-HEX.duckdb[.wal], see index.rebuild
+            parts = f.name.split("-")
+            pid = int(parts[1]) if len(parts) >= 3 and parts[1].isdigit() else None
+            if pid is not None and pid != os.getpid() and commit.alive(pid):
+                continue
+            drop(f)
+    return removed
