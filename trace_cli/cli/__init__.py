@@ -56,6 +56,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "model",
         "Build and inspect models (offline tiny Qwen3 models for tests).",
     ),
+    "serve": (
+        "trace_cli.cli.serve",
+        "serve",
+        "Serve a model over an OpenAI-compatible API (τ²-bench, LiteLLM, OpenAI SDK).",
+    ),
     "env": ("trace_cli.cli.env", "env", "List environments and show a task."),
     "run": ("trace_cli.cli.run", "run", "Run a recipe: chain stages, skipping steps that are up to date."),
     "status": (

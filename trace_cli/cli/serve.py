@@ -1,0 +1,99 @@
+"""`trace serve MODEL_REF`: an OpenAI-compatible server (FastAPI + uvicorn) for τ²-bench, LiteLLM or any client."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from trace_cli.cli.common import info, open_store, store_option
+
+TAU2 = (
+    "tau2 run --domain retail --agent-llm openai/NAME "
+    '--agent-llm-args \'{"api_base": "http://127.0.0.1:PORT/v1", "api_key": "KEY"}\''
+)
+
+
+def tau2_command(name: str, host: str, port: int, api_key: str | None) -> str:
+    args = {"api_base": f"http://{host}:{port}/v1", "api_key": api_key or "none"}
+    return f"tau2 run --domain retail --agent-llm openai/{name} --agent-llm-args '{json.dumps(args)}'"
+
+
+def served_name(ref: str) -> str:
+    """The model id clients send: the artifact's name, a directory's name, or the reference itself."""
+    if ref.startswith("store://"):
+        return ref.rstrip("/").rsplit("/", 1)[-1]
+    return ref.rstrip("/").rsplit("/", 1)[-1] if "/" in ref else ref
+
+
+@click.command(
+    "serve",
+    epilog=(
+        "Examples:\n\n  trace serve store://model/base --port 8000\n\n"
+        "  trace serve store://adapter/precondition --port 8001 --api-key secret\n\n"
+        "Clients: the model id is NAME (the artifact's name; --name to change it).\n\n"
+        f"\b\nτ²-bench (LiteLLM):\n  {TAU2}\n\n"
+        "  trace eval --model 'openai:http://127.0.0.1:PORT/v1?model=NAME' --env shop --seeds 0:50\n\n"
+        '  OpenAI SDK:  OpenAI(base_url="http://127.0.0.1:PORT/v1", api_key="KEY")\n\n'
+        "Binds to loopback unless --host says otherwise; Ctrl-C stops it cleanly."
+    ),
+)
+@click.argument("model_ref")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option(
+    "--api-key", envvar="TRACE_SERVE_API_KEY", help="Require this bearer key ($TRACE_SERVE_API_KEY)."
+)
+@click.option("--name", "model_name", help="Model id clients send (default: the artifact or directory name).")
+@click.option(
+    "--max-tokens", type=click.IntRange(1), default=512, show_default=True, help="Default max_tokens."
+)
+@click.option(
+    "--batch-window-ms",
+    type=click.FloatRange(0),
+    default=5.0,
+    show_default=True,
+    help="Wait this long to batch requests.",
+)
+@click.option(
+    "--max-batch", type=click.IntRange(1), default=32, show_default=True, help="Requests per generate call."
+)
+@store_option
+def serve(model_ref, host, port, api_key, model_name, max_tokens, batch_window_ms, max_batch, store_dir):
+    """Serve a model (store://model/NAME, store://adapter/NAME, an HF dir) at /v1/chat/completions.
+
+    Tool calls come back in OpenAI's `tool_calls` format, parsed with the model's own tool-call parser;
+    concurrent requests are batched into one generate call.
+    """
+    import socket
+
+    from trace_cli.errors import UsageError
+    from trace_cli.models.refs import load_policy, resolve_model
+
+    ref = resolve_model(model_ref, open_store(store_dir))
+    if ref.kind not in ("hf", "adapter"):
+        raise UsageError(
+            f"{model_ref!r} is a {ref.kind} reference; trace serve serves local models and adapters"
+        )
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise UsageError(
+                f"cannot listen on {host}:{port}: {e.strerror}", hint="choose another --port"
+            ) from None
+    import uvicorn
+
+    from trace_cli.serve.app import create_app
+    from trace_cli.serve.engine import Engine
+
+    name = model_name or served_name(model_ref)
+    policy = load_policy(ref, temperature=0.0, max_new_tokens=max_tokens)
+    engine = Engine(policy, name, window_s=batch_window_ms / 1000, max_batch=max_batch)
+    app = create_app(engine, api_key=api_key, default_max_tokens=max_tokens)
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        info(f"warning: listening on {host}, not loopback: anyone who can reach it can use the model")
+    info(f"serving {ref.display} as {name!r} at http://{host}:{port}/v1")
+    info(f"τ²-bench: {tau2_command(name, host, port, api_key)}")
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    info("server stopped")  # Ctrl-C is how a server is meant to stop: exit 0

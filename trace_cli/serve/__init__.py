@@ -1,0 +1,1 @@
+"""`trace serve`: an OpenAI-compatible server over any local model reference (FastAPI + uvicorn)."""
