@@ -347,7 +347,7 @@ _tool = st.fixed_dictionaries(
 _record = st.fixed_dictionaries(
     {
         "task_id": st.text(max_size=6) | st.integers(-(2**70), 2**70),
-        "reward": st.integers(-5, 5) | st.floats(),
+        "reward": st.integers(0, 1) | st.floats(0, 1),  # the documented range (schemas/episode.v1.json)
         "messages": st.lists(_message, min_size=1, max_size=4),
     },
     optional={

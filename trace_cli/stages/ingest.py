@@ -28,7 +28,7 @@ from trace_cli.errors import InputError
 from trace_cli.progress import track
 from trace_cli.stages.base import Prepared, checked_config
 from trace_cli.store import Artifact, Store, file_input, layout
-from trace_cli.store.metrics import is_success
+from trace_cli.store.metrics import REWARD_MAX, REWARD_MIN, is_success, reward_problem
 from trace_cli.store.metrics import summarize as pass_summary
 from trace_cli.store.rollouts import rows_table, string_array, tool_call_tuples, write_tables
 from trace_cli.store.tables import EPISODES_SCHEMA, TOOL_CALLS_SCHEMA, TableSpec, register_table
@@ -442,6 +442,8 @@ def _tau2_records(
                 problems.append(f"reward_info.reward: expected a number, got {_type_name(ri['reward'])}")
             else:
                 reward = float(ri["reward"])
+                if bad_reward := reward_problem(reward):
+                    problems.append(f"reward_info.reward: {bad_reward}")
         term = s.get("termination_reason")
         if term is not None and not isinstance(term, str):
             problems.append(f"termination_reason: expected a string, got {_type_name(term)}")
@@ -661,6 +663,10 @@ def _jsonl_record(
             _check_raw(rec)
         return RecordError(where, [f"episode_id: duplicate {eid!r} (first on line {seen[eid]})"], rec)
     reward = float(rec["reward"])
+    if bad_reward := reward_problem(reward):
+        if fast:
+            _check_raw(rec)
+        return RecordError(where, [f"reward: {bad_reward}"], rec)
     msgs = _jsonl_messages(rec["messages"], fast)
     enc, dumps = (_fast_enc, _dumps_trimmed) if fast else (_std_enc, _std_dumps)  # (see _tau2_records)
     info = rec.get("info")
@@ -824,6 +830,8 @@ def _fast_valid(rec: Any) -> bool:
         return False
     get = rec.get
     if type(get("task_id")) not in (str, int) or type(get("reward")) not in (int, float):
+        return False
+    if not REWARD_MIN <= rec["reward"] <= REWARD_MAX:  # also False for NaN (then reward_problem says why)
         return False
     if "kind" in rec and (type(rec["kind"]) is not str or rec["kind"] != "episode"):
         return False

@@ -13,6 +13,16 @@ from collections import defaultdict
 from typing import Any
 
 SUCCESS_TOL = 1e-6
+REWARD_MIN, REWARD_MAX = 0.0, 1.0  # schemas/episode.v1.json; τ²-bench rewards are products of 0/1 checks
+
+
+def reward_problem(reward: float) -> str | None:
+    """Why a reward cannot be stored (NaN or ±Infinity would make every mean NaN), or None."""
+    if not math.isfinite(reward):
+        return f"{reward} is not a finite number; rewards are in [{REWARD_MIN:g}, {REWARD_MAX:g}]"
+    if not REWARD_MIN <= reward <= REWARD_MAX:
+        return f"{reward:g} is outside [{REWARD_MIN:g}, {REWARD_MAX:g}], the documented reward range"
+    return None
 
 
 def is_success(reward: float) -> bool:
