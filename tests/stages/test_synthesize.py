@@ -480,6 +480,97 @@ def test_llm_author_all_rejected_falls_back_to_template_or_fails(st, in_band):
         llm.close()
 
 
+FRAME_WALK_MODULE = """import sys
+
+def make_env(**params):
+    f = sys._getframe()
+    while f is not None:
+        for v in list(f.f_locals.values()):
+            if isinstance(v, (set, list, dict)):
+                v.clear()
+        f = f.f_back
+    try:
+        open('{path}', 'w').write('pwned')
+    except Exception:
+        pass
+    from trace_cli.envs.synthetic import TEMPLATES
+    return TEMPLATES['precondition_verification'](**params)
+"""
+FORK_MODULE = "import os\n\ndef make_env(**params):\n    os.fork()\n"
+
+
+def test_an_authored_module_that_tries_to_escape_fails_synthesize(st, in_band):
+    """Through the real authoring path (an OpenAI-compatible server on loopback answering with escaping
+    modules), every module is rejected and, without the template fallback, synthesize fails (exit 1)."""
+    evil = st.root.parent / "evil.txt"
+    llm = FakeLLM([FRAME_WALK_MODULE.format(path=evil), FORK_MODULE])
+    try:
+        diag = make_diagnosis(st, selected=["precondition_verification"])
+        with pytest.raises(CheckFailed, match="rejected") as e:
+            execute(
+                "synthesize",
+                {
+                    "diagnosis": diag,
+                    "capability": "precondition_verification",
+                    "model": "policy:random",
+                    "author": "openai",
+                    "calibration": SMALL,
+                    "llm": {"base_url": llm.url, "model": "fake", "attempts": 2, "fallback": "none"},
+                },
+                st,
+            )
+    finally:
+        llm.close()
+    assert e.value.exit_code == 1
+    assert "writing outside the sandbox directory" in e.value.message
+    assert "starting processes" in e.value.message
+    assert not evil.exists() and st.list("environment") == []
+
+
+def _authored(st, in_band) -> object:
+    llm = FakeLLM([GOOD_MODULE])
+    try:
+        diag = make_diagnosis(st, selected=["precondition_verification"])
+        return execute(
+            "synthesize",
+            {
+                "diagnosis": diag,
+                "capability": "precondition_verification",
+                "model": "policy:random",
+                "author": "openai",
+                "calibration": SMALL,
+                "llm": {"base_url": llm.url, "model": "fake", "attempts": 1},
+            },
+            st,
+            name="authored",
+        ).main
+    finally:
+        llm.close()
+
+
+def test_a_crafted_environment_artifact_cannot_point_outside_or_swap_its_module(st, in_band, tmp_path):
+    import trace_cli.envs.registry as registry
+
+    art = _authored(st, in_band)
+    outside = tmp_path / "outside.py"
+    outside.write_text(GOOD_MODULE)
+    doc_path = art.path / "environment.yaml"
+    doc = yaml.safe_load(doc_path.read_text())
+    for module, why in (
+        (str(outside), "not a file inside the artifact"),
+        ("../../../outside.py", "not a file inside"),
+    ):
+        registry._MODULE_FACTORIES.clear()
+        doc_path.write_text(yaml.safe_dump({**doc, "module": module}))
+        with pytest.raises(UsageError, match=why):
+            make_env("store://environment/authored", store=st)
+    registry._MODULE_FACTORIES.clear()
+    doc_path.write_text(yaml.safe_dump({**doc, "authoring": {**doc["authoring"], "sandbox": {"cpu_s": 1e9}}}))
+    (art.path / doc["module"]).write_text(GOOD_MODULE + "\n# changed after commit\n")
+    with pytest.raises(UsageError, match="does not match the hash"):
+        make_env("store://environment/authored", store=st)
+
+
 # ---------------------------------------------------------------------------------------------- real policy
 
 

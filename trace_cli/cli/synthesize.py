@@ -99,6 +99,11 @@ def _print(cap: str, checks, attempts: list[dict]) -> None:
 @click.option("--base-url", help="openai author: the server's base URL (…/v1).")
 @click.option("--llm-model", help="openai author: model name on the server; hf: a local model reference.")
 @click.option("--api-key-env", help="openai author: env var holding the API key (never stored).")
+@click.option(
+    "--unsafe-local-exec",
+    is_flag=True,
+    help="Run LLM-written modules even where no OS sandbox (bubblewrap) works: in-process guards only.",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
 @click.option(
     "--name", "prefix", help="Name prefix: artifacts are named PREFIX-CAPABILITY (default: CAPABILITY)."
@@ -123,6 +128,7 @@ def synthesize(
     base_url,
     llm_model,
     api_key_env,
+    unsafe_local_exec,
     seed,
     prefix,
     force,
@@ -170,6 +176,8 @@ def synthesize(
             "author": author,
             "seed": seed,
         }
+        if unsafe_local_exec:
+            cfg["unsafe_local_exec"] = True
         if level is not None:
             cfg["params"] = {"level": level}
         if cal:

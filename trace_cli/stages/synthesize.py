@@ -267,7 +267,9 @@ def _author(
     cfg: dict[str, Any], store: Store, prepared: Prepared, limits
 ) -> tuple[str | None, list[dict[str, Any]]]:
     """Ask the LLM for modules until one passes the sandboxed checks; every attempt is logged."""
-    from trace_cli.envs.sandbox import check_module
+    from trace_cli.envs.sandbox import check_module, isolation
+
+    isolation(cfg["unsafe_local_exec"])  # no OS sandbox and no explicit consent: exit 2 before any request
     from trace_cli.envs.synthetic.author import author_messages, write_module
 
     cap = cfg["capability"]
@@ -295,6 +297,7 @@ def _author(
             determinism_seeds=min(chk["determinism_seeds"], 10),
             do_nothing_seeds=min(chk["do_nothing_seeds"], 50),
             leakage_seeds=min(chk["leakage_seeds"], 50),
+            unsafe_local_exec=cfg["unsafe_local_exec"],
         )
         entry = {
             "file": f"{MODULES_DIR}/attempt-{attempt}.py",
@@ -305,7 +308,7 @@ def _author(
         if verdict.accepted:
             from trace_cli.envs.sandbox import SandboxedEnv, SandboxWorker
 
-            with SandboxWorker(src, limits) as w:
+            with SandboxWorker(src, limits, unsafe_local_exec=cfg["unsafe_local_exec"]) as w:
                 tc = check_tools(
                     SandboxedEnv(w, cfg["params"]), target["tools"], fallback_ok=target["kind"] == "env"
                 )
@@ -373,7 +376,7 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
     else:
 
         def factory_for(params: dict[str, Any]):
-            f = module_env_factory(module_src, params, limits)
+            f = module_env_factory(module_src, params, limits, unsafe_local_exec=cfg["unsafe_local_exec"])
             factories.append(f)
             return f
 

@@ -1,19 +1,15 @@
-"""Run an untrusted environment module (e.g. LLM-written) in a subprocess sandbox and drive it over a pipe.
+"""Run an untrusted environment module (e.g. LLM-written) in a sandboxed process and drive it over a pipe.
 
-Isolation, all stdlib:
-  * a separate `python -I -B` process in a fresh temp dir (its working directory), with resource limits:
-    RLIMIT_AS (memory), RLIMIT_CPU (a CPU-second budget per call, re-armed before each call, plus a hard
-    total), RLIMIT_FSIZE (file size), no core dumps; and a wall-clock timeout per call enforced by the parent,
-    which kills the process group;
-  * no network: the child runs in its own network namespace (`unshare -n`, or `unshare -rn` without root)
-    when `unshare` works, and in any case an audit hook (`sys.addaudithook`) rejects socket creation and
-    network modules;
-  * the same audit hook rejects writes (open for writing, remove, rename, mkdir, chmod, ...) outside the temp
-    dir, reads outside the Python installation / trace_cli package / temp dir, starting processes, signals,
-    ctypes and changing resource limits.
+The process is the child program `child.py`, started inside the OS sandbox of `jail.py` (bubblewrap:
+namespaces, an unprivileged uid, a read-only minimal filesystem, no network, a seccomp filter against new
+processes, death with the parent). The child sets its rlimits (memory, file size, total CPU) and an audit
+hook (defence in depth), then loads the module. This side enforces the per-call budgets from outside: the
+wall clock, and the CPU time of the sandbox's processes (read from /proc), killing the whole sandbox on excess.
 Any blocked action, limit hit or timeout kills the worker and raises `SandboxViolation` with a one-line reason.
-Audit hooks guard against accidents and naive misbehaviour; they are not a security boundary against code
-written to escape them (the namespace and rlimits are the OS-level parts).
+
+Without a working bubblewrap, modules are refused (exit 2, with the fix) unless the caller explicitly allows
+unsafe local execution (`--unsafe-local-exec`, or TRACE_UNSAFE_LOCAL_EXEC=1): then the child runs with the
+rlimits, the audit hook and, where `unshare -n` works, a private network namespace only, and a warning says so.
 
 Module contract: the module defines `make_env(**params)` (or a class `Env`) returning an object with
 `name`, `max_turns`, `reset(seed)`, `step(action)`, `verify()`, `task_metadata()` (with `answer_values`) and
@@ -30,8 +26,9 @@ import select
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
+import time
+import warnings
 import weakref
 from dataclasses import asdict, dataclass, field, fields
 from functools import cache
@@ -39,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from trace_cli.envs.base import Observation, RewardBreakdown, StepResult
-from trace_cli.errors import CheckFailed
+from trace_cli.envs.sandbox import jail
+from trace_cli.errors import CheckFailed, UsageError
 
 MAX_SOURCE_BYTES = 256 * 1024
 
@@ -73,167 +71,32 @@ class Limits:
         return asdict(self)
 
 
-# The child: limits, then trusted imports, then the audit hook, then the module, then the request loop.
-CHILD = r"""
-import json, os, resource, sys, traceback
+UNSAFE_ENV = "TRACE_UNSAFE_LOCAL_EXEC"
 
-def _main():
-    workdir, module_path, cfg = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-    os.chdir(workdir)
-    mem = int(cfg["memory_mb"]) << 20
-    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    fsz = int(cfg["file_mb"]) << 20
-    resource.setrlimit(resource.RLIMIT_FSIZE, (fsz, fsz))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    total = int(cfg["total_cpu_s"])
-    resource.setrlimit(resource.RLIMIT_CPU, (total, total + 1))
-    proto = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
-    os.dup2(2, 1)  # the module's prints go to stderr, never into the protocol
-    requests = sys.stdin
-    import collections, copy, dataclasses, functools, hashlib, importlib.util, inspect, itertools, marshal, math
-    import random, re, string, typing
-    import trace_cli
-    import trace_cli.envs.base, trace_cli.envs.validation, trace_cli.envs.shop
-    import trace_cli.envs.synthetic.base, trace_cli.envs.synthetic.common
-    real = os.path.realpath
-    wd = real(workdir)
-    read_roots = {wd, real(os.path.dirname(trace_cli.__file__)), "/dev/null", "/dev/urandom"}
-    for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix):
-        read_roots.add(real(p))
-    read_roots |= {real(p) for p in sys.path if p and os.path.isdir(p)}
-    state = {"trusted": False}
-    violations = []
-    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-    net_modules = {"socket", "_socket", "ssl", "_ssl", "http", "urllib.request", "ftplib", "smtplib", "telnetlib",
-                   "xmlrpc", "asyncio"}
-    proc_modules = {"subprocess", "_posixsubprocess", "multiprocessing", "_multiprocessing", "pty", "ctypes",
-                    "_ctypes", "cffi"}
-    path_events = {"os.remove", "os.rmdir", "os.rename", "os.mkdir", "os.chmod", "os.chown", "os.link",
-                   "os.symlink", "os.truncate", "os.utime", "os.chflags", "os.lchflags", "os.mkfifo",
-                   "os.mknod", "shutil.rmtree", "shutil.copyfile", "shutil.move", "shutil.chown", "os.setxattr",
-                   "os.removexattr"}
 
-    def inside(path, roots):
-        try:
-            p = real(os.fsdecode(path))
-        except Exception:
-            return False
-        return any(p == r or p.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
-
-    def hook(event, args):
-        if state["trusted"]:
-            return
-        reason = None
-        if event.startswith("socket."):
-            reason = f"network access is not allowed ({event})"
-        elif event == "import":
-            top = str(args[0])
-            if top in net_modules or top.split(".")[0] in net_modules:
-                reason = f"network access is not allowed (import {top})"
-            elif top.split(".")[0] in proc_modules:
-                reason = f"module {top} is not allowed (processes, ctypes)"
-        elif event == "open":
-            path, mode, flags = (list(args) + [None, None])[:3]
-            if isinstance(path, (str, bytes, os.PathLike)):
-                writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-                    isinstance(flags, int) and bool(flags & write_flags))
-                if writing and not inside(path, [wd]):
-                    reason = f"writing outside the sandbox directory is not allowed ({os.fsdecode(path)})"
-                elif not writing and not inside(path, read_roots):
-                    reason = f"reading outside the sandbox is not allowed ({os.fsdecode(path)})"
-        elif event in path_events:
-            for p in args[:2]:
-                if isinstance(p, (str, bytes, os.PathLike)) and not inside(p, [wd]):
-                    reason = f"changing files outside the sandbox directory is not allowed ({event} {os.fsdecode(p)})"
-                    break
-        elif (event.startswith(("subprocess.", "os.exec", "os.spawn", "os.posix_spawn", "os.fork", "pty.",
-                                "ctypes.", "_posixsubprocess"))
-              or event in ("os.system", "os.kill", "os.killpg", "signal.pthread_kill", "os.forkpty")):
-            reason = f"starting processes, signals and ctypes are not allowed ({event})"
-        elif event in ("resource.setrlimit", "resource.prlimit"):
-            reason = "changing resource limits is not allowed"
-        if reason is not None:
-            violations.append(reason)
-            raise PermissionError("sandbox: " + reason)
-
-    sys.addaudithook(hook)
-    module = None
-    envs = {}
-
-    def plain(x):
-        if dataclasses.is_dataclass(x) and not isinstance(x, type):
-            return dataclasses.asdict(x)
-        return x
-
-    def load():
-        nonlocal module
-        if module is None:
-            spec = importlib.util.spec_from_file_location("sandboxed_env_module", module_path)
-            mod = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(mod)
-            module = mod
-        return module
-
-    def dispatch(req):
-        op = req["op"]
-        if op == "ping":
-            return "pong"
-        if op == "new":
-            mod = load()
-            make = getattr(mod, "make_env", None) or getattr(mod, "Env", None)
-            if make is None:
-                raise AttributeError("the module defines neither make_env(**params) nor a class Env")
-            env = make(**(req.get("params") or {}))
-            h = len(envs) + 1
-            while h in envs:
-                h += 1
-            envs[h] = env
-            return {"handle": h, "name": str(getattr(env, "name", "module")),
-                    "max_turns": int(getattr(env, "max_turns", 12))}
-        env = envs[req["handle"]]
-        if op == "del":
-            envs.pop(req["handle"], None)
-            return None
-        if op == "reset":
-            return plain(env.reset(int(req["seed"])))
-        if op == "step":
-            return plain(env.step(req["action"]))
-        if op == "verify":
-            return plain(env.verify())
-        if op == "task_metadata":
-            return plain(env.task_metadata())
-        if op == "reference_actions":
-            return [plain(a) for a in env.reference_actions()]
-        raise ValueError(f"unknown op {op!r}")
-
-    for line in requests:
-        req = json.loads(line)
-        state["trusted"] = True
-        ru = resource.getrusage(resource.RUSAGE_SELF)
-        soft = min(int(ru.ru_utime + ru.ru_stime + float(cfg["cpu_s"])) + 1, total)
-        resource.setrlimit(resource.RLIMIT_CPU, (soft, total + 1))
-        state["trusted"] = False
-        try:
-            reply = {"ok": True, "result": dispatch(req)}
-        except MemoryError:
-            reply = {"ok": False, "etype": "MemoryError", "error": "memory limit exceeded"}
-        except BaseException as e:
-            reply = {"ok": False, "etype": type(e).__name__, "error": str(e)[:500],
-                     "trace": traceback.format_exc()[-3000:]}
-        reply["violations"] = list(violations)
-        try:
-            text = json.dumps(reply, default=str)
-        except BaseException as e:
-            text = json.dumps({"ok": False, "etype": type(e).__name__, "error": f"unserialisable result: {e}",
-                               "violations": list(violations)})
-        proto.write(text + "\n")
-
-_main()
-"""
+def isolation(unsafe_local_exec: bool | None = None) -> str:
+    """ "bwrap" when the OS sandbox works here; otherwise the weaker mode the user explicitly allowed
+    ("unshare" or "audit-hook"), else a UsageError that says how to fix it."""
+    if jail.available():
+        return "bwrap"
+    if unsafe_local_exec is None:
+        unsafe_local_exec = os.environ.get(UNSAFE_ENV, "") not in ("", "0")
+    if not unsafe_local_exec:
+        raise UsageError(
+            "no OS sandbox for untrusted environment modules: bubblewrap is missing or cannot create namespaces "
+            "here. Install it (apt-get install bubblewrap) or, to run the module with in-process guards only, "
+            f"pass --unsafe-local-exec (or set {UNSAFE_ENV}=1)"
+        )
+    mode = "unshare" if _unshare_prefix() else "audit-hook"
+    warnings.warn(
+        f"running an untrusted environment module WITHOUT an OS sandbox ({mode} + audit hook only)",
+        stacklevel=2,
+    )
+    return mode
 
 
 @cache
-def isolation_prefix() -> tuple[str, ...]:
+def _unshare_prefix() -> tuple[str, ...]:
     """`unshare -n` (root) or `unshare -rn` (user namespace) when it works here, else nothing."""
     exe = shutil.which("unshare")
     if not exe:
@@ -248,6 +111,27 @@ def isolation_prefix() -> tuple[str, ...]:
     return ()
 
 
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of a process and all its descendants, from /proc; 0 when gone."""
+    total, todo, seen = 0.0, [pid], set()
+    tick = os.sysconf("SC_CLK_TCK")
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text()
+            fields_ = stat[stat.rindex(")") + 2 :].split()
+            total += (int(fields_[11]) + int(fields_[12])) / tick
+            for task in Path(f"/proc/{p}/task").iterdir():
+                kids = (task / "children").read_text().split()
+                todo += [int(k) for k in kids]
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
 def _signal_name(rc: int) -> str:
     try:
         return signal.Signals(-rc).name
@@ -258,7 +142,7 @@ def _signal_name(rc: int) -> str:
 class SandboxWorker:
     """One sandboxed process holding the module and any number of environment instances."""
 
-    def __init__(self, source: str, limits: Limits | None = None):
+    def __init__(self, source: str, limits: Limits | None = None, *, unsafe_local_exec: bool | None = None):
         self.limits = limits or Limits()
         if len(source.encode()) > MAX_SOURCE_BYTES:
             raise SandboxViolation(f"the module is larger than {MAX_SOURCE_BYTES // 1024} KB")
@@ -266,34 +150,58 @@ class SandboxWorker:
             compile(source, "module.py", "exec")
         except SyntaxError as e:
             raise SandboxError(f"the module does not compile: {e.msg} (line {e.lineno})") from None
+        self.isolation = isolation(unsafe_local_exec)
+        # base/ is private to this side; base/work is the module's only writable directory; the module file
+        # and the stderr log stay outside it (read-only inside the sandbox, invisible respectively)
         self.dir = Path(tempfile.mkdtemp(prefix="trace-sandbox-"))
+        self.workdir = self.dir / "work"
+        self.workdir.mkdir()
         self.module_path = self.dir / "module.py"
         self.module_path.write_text(source, encoding="utf-8")
         self._stderr = open(self.dir / "stderr.log", "wb")  # noqa: SIM115 - closed in close()
-        self.network_isolation = "unshare" if isolation_prefix() else "audit-hook"
-        cmd = [
-            *isolation_prefix(),
-            sys.executable,
+        child = [
+            jail.interpreter(),
             "-I",
+            "-S",
             "-B",
-            "-c",
-            CHILD,
-            str(self.dir),
+            str(Path(jail.__file__).with_name("child.py")),
+            str(self.workdir),
             str(self.module_path),
             json.dumps(self.limits.to_dict()),
+            jail.package_root(),
         ]
-        self.proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            cwd=self.dir,
-            start_new_session=True,
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"},
-        )
+        fd = None
+        if self.isolation == "bwrap":
+            fd = jail.seccomp_fd()
+            cmd = [*jail.command(str(self.workdir), fd, (str(self.module_path),)), *child]
+        else:
+            cmd = [*_unshare_prefix(), *child]
+        try:
+            self.proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._stderr,
+                cwd=self.workdir,
+                start_new_session=True,
+                pass_fds=(fd,) if fd is not None else (),
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"},
+            )
+        finally:
+            if fd is not None:
+                os.close(fd)
         self._buf = b""
         self.dead: str | None = None
         self._finalizer = weakref.finalize(self, _cleanup, self.proc, self.dir, self._stderr)
+        self._startup = True
+        try:  # wait until the child is ready, so that its start-up CPU is not charged to the first call
+            self.call("ping")
+        finally:
+            self._startup = False
+
+    @property
+    def network_isolation(self) -> str:  # kept for callers that report it
+        return self.isolation
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -322,6 +230,8 @@ class SandboxWorker:
         except subprocess.TimeoutExpired:
             self._kill()
             rc = self.proc.wait()
+        if self.isolation == "bwrap" and rc > 128:  # bwrap reports a signalled child as 128 + signal
+            rc = -(rc - 128)
         tail = self.stderr_tail()
         if rc in (-signal.SIGXCPU, -signal.SIGKILL) and "MemoryError" not in tail:
             return f"CPU time limit exceeded ({self.limits.cpu_s:g} s per call) in {op}(); killed by {_signal_name(rc)}"
@@ -337,15 +247,21 @@ class SandboxWorker:
     def call(self, op: str, **kw: Any) -> Any:
         if self.dead:
             raise SandboxViolation(self.dead)
+        cpu0 = None if self._startup else _tree_cpu(self.proc.pid)
         try:
             self.proc.stdin.write((json.dumps({"op": op, **kw}) + "\n").encode())
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             self._die(self._exit_reason(op))
-        line = self._read_line(op)
-        reply = json.loads(line)
-        if reply.get("violations"):
-            self._die(f"blocked: {reply['violations'][0]} (in {op}())")
+        line = self._read_line(op, cpu0)
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            self._die(f"the module wrote a malformed answer to {op}()")
+        if not isinstance(reply, dict):
+            self._die(f"the module wrote a malformed answer to {op}()")
+        if reply.get("violation"):
+            self._die(f"blocked: {reply['violation']} (in {op}())")
         if not reply.get("ok"):
             if reply.get("etype") == "MemoryError":
                 self._die(f"memory limit exceeded ({self.limits.memory_mb} MB) in {op}()")
@@ -360,9 +276,7 @@ class SandboxWorker:
         self._kill()
         raise SandboxViolation(reason)
 
-    def _read_line(self, op: str) -> str:
-        import time
-
+    def _read_line(self, op: str, cpu0: float | None) -> str:
         fd = self.proc.stdout.fileno()
         deadline = time.monotonic() + self.limits.timeout_s
         while b"\n" not in self._buf:
@@ -371,8 +285,11 @@ class SandboxWorker:
                 self._die(
                     f"timed out: no answer to {op}() within {self.limits.timeout_s:g} s (an endless loop?)"
                 )
-            ready, _, _ = select.select([fd], [], [], min(left, 1.0))
+            ready, _, _ = select.select([fd], [], [], min(left, 0.2))
             if not ready:
+                # the same grace as a kernel RLIMIT_CPU armed at whole seconds: up to one second over
+                if cpu0 is not None and _tree_cpu(self.proc.pid) - cpu0 > self.limits.cpu_s + 1.0:
+                    self._die(f"CPU time limit exceeded ({self.limits.cpu_s:g} s per call) in {op}()")
                 continue
             chunk = os.read(fd, 1 << 16)
             if not chunk:
@@ -458,14 +375,20 @@ class SandboxedEnv:
 _WORKERS: list[SandboxWorker] = []
 
 
-def module_env_factory(source: str, params: dict[str, Any] | None = None, limits: Limits | None = None):
+def module_env_factory(
+    source: str,
+    params: dict[str, Any] | None = None,
+    limits: Limits | None = None,
+    *,
+    unsafe_local_exec: bool | None = None,
+):
     """A zero-argument factory of SandboxedEnvs sharing one worker (started on first use)."""
     box: dict[str, SandboxWorker] = {}
 
     def make() -> SandboxedEnv:
         w = box.get("w")
         if w is None or w.dead:
-            w = box["w"] = SandboxWorker(source, limits)
+            w = box["w"] = SandboxWorker(source, limits, unsafe_local_exec=unsafe_local_exec)
             _WORKERS.append(w)
         return SandboxedEnv(w, params)
 
@@ -496,12 +419,13 @@ def check_module(
     determinism_seeds: int = 10,
     do_nothing_seeds: int = 50,
     leakage_seeds: int = 50,
+    unsafe_local_exec: bool | None = None,
 ) -> ModuleVerdict:
     """Load the module in a sandbox and run the template checks on it; never raises for a bad module."""
     from trace_cli.envs.synthetic.checks import run_checks
 
     try:
-        worker = SandboxWorker(source, limits)
+        worker = SandboxWorker(source, limits, unsafe_local_exec=unsafe_local_exec)
     except (SandboxViolation, SandboxError) as e:
         return ModuleVerdict(False, e.reason)
     try:

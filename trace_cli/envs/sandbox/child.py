@@ -1,0 +1,346 @@
+"""The sandboxed child: loads one untrusted environment module and answers JSON requests on a pipe.
+
+Run as a script (never imported by the parent): `python -I -S -B child.py WORKDIR MODULE LIMITS_JSON PKG_ROOT`.
+Inside the OS sandbox (see `jail.py`) it is the only process, as an unprivileged uid, with a read-only view
+of the Python installation and the trace_cli package, a private writable WORKDIR, no network, and a seccomp
+filter that refuses new processes. This program adds, before the untrusted module is imported:
+
+* resource limits: address space, file size, no core dumps, a hard total CPU budget (the parent enforces the
+  per-call CPU budget and the wall clock from outside, so nothing here ever has to be re-armed);
+* an audit hook as defence in depth. It has no on/off switch and keeps no state that the module could
+  reach and change: its allow-lists are frozensets captured in a closure, and the first blocked action is
+  reported straight to the protocol descriptor and ends the process (`os._exit`), so a module that catches
+  the PermissionError is still rejected. Introspection that could reach the hook (frames, gc object search,
+  changing function code) is blocked too.
+"""
+
+import json
+import os
+import resource
+import sys
+import traceback
+
+VIOLATION_EXIT = 86
+
+
+def _limits(cfg):
+    mem = int(cfg["memory_mb"]) << 20
+    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+    fsz = int(cfg["file_mb"]) << 20
+    resource.setrlimit(resource.RLIMIT_FSIZE, (fsz, fsz))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    total = int(cfg["total_cpu_s"])
+    resource.setrlimit(resource.RLIMIT_CPU, (total, total + 1))
+
+
+def _trusted_imports():
+    """Everything the module may use is imported before the hook: later imports only read these files."""
+    import collections  # noqa: F401
+    import copy  # noqa: F401
+    import dataclasses  # noqa: F401
+    import functools  # noqa: F401
+    import hashlib  # noqa: F401
+    import importlib.util  # noqa: F401
+    import inspect  # noqa: F401
+    import itertools  # noqa: F401
+    import marshal  # noqa: F401
+    import math  # noqa: F401
+    import random  # noqa: F401
+    import re  # noqa: F401
+    import string  # noqa: F401
+    import typing  # noqa: F401
+
+    import trace_cli
+    import trace_cli.envs.base
+    import trace_cli.envs.shop
+    import trace_cli.envs.synthetic.base
+    import trace_cli.envs.synthetic.common
+    import trace_cli.envs.validation  # noqa: F401
+
+    return os.path.dirname(trace_cli.__file__)
+
+
+_NET = frozenset(
+    {"socket", "_socket", "ssl", "_ssl", "http", "ftplib", "smtplib", "telnetlib", "xmlrpc", "asyncio"}
+)
+_PROC = frozenset(
+    {
+        "subprocess",
+        "_posixsubprocess",
+        "multiprocessing",
+        "_multiprocessing",
+        "pty",
+        "ctypes",
+        "_ctypes",
+        "cffi",
+    }
+)
+_PATH_EVENTS = frozenset(
+    {
+        "os.remove",
+        "os.rmdir",
+        "os.rename",
+        "os.mkdir",
+        "os.chmod",
+        "os.chown",
+        "os.link",
+        "os.symlink",
+        "os.truncate",
+        "os.utime",
+        "os.chflags",
+        "os.lchflags",
+        "os.mkfifo",
+        "os.mknod",
+        "shutil.rmtree",
+        "shutil.copyfile",
+        "shutil.move",
+        "shutil.chown",
+        "os.setxattr",
+        "os.removexattr",
+    }
+)
+_PROC_PREFIXES = (
+    "subprocess.",
+    "os.exec",
+    "os.spawn",
+    "os.posix_spawn",
+    "os.fork",
+    "pty.",
+    "ctypes.",
+    "_posixsubprocess",
+)
+_PROC_EVENTS = frozenset({"os.system", "os.kill", "os.killpg", "signal.pthread_kill", "os.forkpty"})
+# Introspection that could find this hook's function objects (gc searches, another thread's frames) or run
+# module code while the hook runs (trace/profile functions). Plain frame access (`sys._getframe`, tracebacks)
+# stays allowed: namedtuple, typing and traceback need it, and no frame ever holds anything that changes the
+# hook, because the hook keeps only immutable values and never runs module code.
+_INTROSPECTION = frozenset(
+    {
+        "sys._current_frames",
+        "sys._current_exceptions",
+        "gc.get_objects",
+        "gc.get_referrers",
+        "gc.get_referents",
+        "sys.setprofile",
+        "sys.settrace",
+        "sys._setprofileallthreads",
+        "sys._settraceallthreads",
+        "sys.addaudithook",
+    }
+)
+
+
+def _make_hook(proto_fd, workdir, read_roots):
+    """The audit hook. Everything it uses is bound here, in its closure: the module can rebind module
+    globals, builtins and `os` functions, but not these (no function object of the hook is reachable)."""
+    import pathlib
+
+    _write, _exit, _dumps, _fsdecode = os.write, os._exit, json.dumps, os.fsdecode
+    _type, _str, _int, _bytes, _any, _len, _tuple, _bool = type, str, int, bytes, any, len, tuple, bool
+    net, proc, path_events, proc_prefixes, proc_events, introspection = (
+        _NET,
+        _PROC,
+        _PATH_EVENTS,
+        _PROC_PREFIXES,
+        _PROC_EVENTS,
+        _INTROSPECTION,
+    )
+    pathlib_types = (pathlib.PosixPath, pathlib.PurePosixPath)
+    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+    wd = (workdir,)
+    roots = _tuple(read_roots)
+
+    def as_text(path):
+        # only exact str/bytes/pathlib paths: a module-defined __fspath__ would run module code in the hook
+        if _type(path) is _str:
+            return path
+        if _type(path) is _bytes:
+            return _fsdecode(path)
+        if _type(path) in pathlib_types:
+            return _str(path)
+        return None
+
+    def normalized(text):
+        # pure string normalisation against the sandbox directory (the module cannot chdir: os.chdir is
+        # blocked); no filesystem calls, so patched os functions cannot steer it. Symlinks cannot point out:
+        # creating one that does is blocked, and the OS sandbox is the real boundary anyway.
+        parts = []
+        for part in (text if text.startswith("/") else workdir + "/" + text).split("/"):
+            if part == "..":
+                if parts:
+                    parts.pop()
+            elif part and part != ".":
+                parts.append(part)
+        return "/" + "/".join(parts)
+
+    def inside(path, allowed):
+        text = as_text(path)
+        if text is None:
+            return False
+        p = normalized(text)
+        return _any(p == r or p.startswith(r.rstrip("/") + "/") for r in allowed)
+
+    def reason_for(event, args):
+        if event.startswith("socket."):
+            return f"network access is not allowed ({event})"
+        if event == "import":
+            top = args[0] if _type(args[0]) is _str else "?"
+            if top in net or top.split(".")[0] in net or top == "urllib.request":
+                return f"network access is not allowed (import {top})"
+            if top.split(".")[0] in proc:
+                return f"module {top} is not allowed (processes, ctypes)"
+            return None
+        if event == "open":
+            path, mode, flags = (
+                args[0],
+                args[1] if _len(args) > 1 else None,
+                args[2] if _len(args) > 2 else None,
+            )
+            if _type(path) is not _int:  # an int is an already open descriptor
+                writing = (_type(mode) is _str and _any(c in mode for c in "wax+")) or (
+                    _type(flags) is _int and _bool(flags & write_flags)
+                )
+                if writing and not inside(path, wd):
+                    return f"writing outside the sandbox directory is not allowed ({as_text(path)})"
+                if not writing and not inside(path, roots):
+                    return f"reading outside the sandbox is not allowed ({as_text(path)})"
+            return None
+        if event in path_events:
+            for p in args[:2]:
+                if _type(p) is not _int and p is not None and not inside(p, wd):
+                    return (
+                        f"changing files outside the sandbox directory is not allowed ({event} {as_text(p)})"
+                    )
+            return None
+        if event in ("os.chdir", "os.fchdir", "os.chroot"):
+            return f"changing the working directory is not allowed ({event})"
+        if event.startswith(proc_prefixes) or event in proc_events:
+            return f"starting processes, signals and ctypes are not allowed ({event})"
+        if event in ("resource.setrlimit", "resource.prlimit"):
+            return "changing resource limits is not allowed"
+        if event in introspection:
+            return f"introspection of the interpreter is not allowed ({event})"
+        if event == "object.__setattr__" and _len(args) > 1 and args[1] in ("__code__", "__closure__"):
+            return f"changing a function's code is not allowed ({args[1]})"
+        return None
+
+    def hook(event, args):
+        reason = reason_for(event, args)
+        if reason is not None:
+            # fail closed: report on the protocol and end the process; the module cannot catch or undo this
+            try:
+                _write(proto_fd, (_dumps({"ok": False, "violation": reason}) + "\n").encode())
+            finally:
+                _exit(VIOLATION_EXIT)
+
+    return hook
+
+
+def main():
+    workdir, module_path, cfg, pkg_root = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
+    sys.path.insert(0, pkg_root)
+    os.chdir(workdir)
+    _limits(cfg)
+    proto_fd = os.dup(1)
+    os.dup2(2, 1)  # the module's prints go to stderr, never into the protocol
+    requests = sys.stdin
+    import dataclasses
+    import types
+
+    with open(module_path, encoding="utf-8") as f:  # read and compiled before the hook, run after it
+        code = compile(f.read(), module_path, "exec")
+
+    pkg_dir = _trusted_imports()
+    real, absolute = os.path.realpath, os.path.abspath
+    allowed = [
+        workdir,
+        module_path,
+        pkg_dir,
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        sys.base_exec_prefix,
+    ]
+    allowed += [p for p in sys.path if p and os.path.isdir(p) and real(p) != real(pkg_root)]
+    read_roots = {"/dev/null", "/dev/urandom"} | {real(p) for p in allowed} | {absolute(p) for p in allowed}
+    # the hook compares normalised (not resolved) paths, so the working directory is given as the module
+    # sees it, and the real path of it too
+    sys.addaudithook(_make_hook(proto_fd, absolute(workdir), frozenset(read_roots)))
+    envs = {}
+    loaded = []
+
+    def plain(x):
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            return dataclasses.asdict(x)
+        return x
+
+    def load():
+        if not loaded:
+            mod = types.ModuleType("sandboxed_env_module")
+            mod.__file__ = module_path
+            sys.modules[mod.__name__] = mod
+            exec(code, mod.__dict__)  # noqa: S102 - this is the point: the module runs here, inside the sandbox
+            loaded.append(mod)
+        return loaded[0]
+
+    def dispatch(req):
+        op = req["op"]
+        if op == "ping":
+            return "pong"
+        if op == "new":
+            mod = load()
+            make = getattr(mod, "make_env", None) or getattr(mod, "Env", None)
+            if make is None:
+                raise AttributeError("the module defines neither make_env(**params) nor a class Env")
+            env = make(**(req.get("params") or {}))
+            h = len(envs) + 1
+            while h in envs:
+                h += 1
+            envs[h] = env
+            return {
+                "handle": h,
+                "name": str(getattr(env, "name", "module")),
+                "max_turns": int(getattr(env, "max_turns", 12)),
+            }
+        env = envs[req["handle"]]
+        if op == "del":
+            envs.pop(req["handle"], None)
+            return None
+        if op == "reset":
+            return plain(env.reset(int(req["seed"])))
+        if op == "step":
+            return plain(env.step(req["action"]))
+        if op == "verify":
+            return plain(env.verify())
+        if op == "task_metadata":
+            return plain(env.task_metadata())
+        if op == "reference_actions":
+            return [plain(a) for a in env.reference_actions()]
+        raise ValueError(f"unknown op {op!r}")
+
+    for line in requests:
+        req = json.loads(line)
+        try:
+            reply = {"ok": True, "result": dispatch(req)}
+        except MemoryError:
+            reply = {"ok": False, "etype": "MemoryError", "error": "memory limit exceeded"}
+        except BaseException as e:  # noqa: BLE001 - every error of the module goes back to the parent
+            reply = {
+                "ok": False,
+                "etype": type(e).__name__,
+                "error": str(e)[:500],
+                "trace": traceback.format_exc()[-3000:],
+            }
+        try:
+            text = json.dumps(reply, default=str)
+        except BaseException as e:  # noqa: BLE001
+            text = json.dumps(
+                {"ok": False, "etype": type(e).__name__, "error": f"unserialisable result: {e}"}
+            )
+        data = (text + "\n").encode()
+        while data:
+            data = data[os.write(proto_fd, data) :]
+
+
+if __name__ == "__main__":
+    main()
