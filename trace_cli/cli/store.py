@@ -129,12 +129,13 @@ def reindex(store_dir):
 @json_option
 @store_option
 def verify(as_json, store_dir):
-    """Re-hash every file; report artifacts whose files changed or are missing (exit 1 if any)."""
+    """Re-hash every file and check the index against the manifests; report problems (exit 1 if any)."""
     from trace_cli.errors import CheckFailed
+    from trace_cli.store import index
 
     st = open_store(store_dir)
     problems = st.verify()
-    n = len(st.list())
+    n = len(index.committed(st))
     if as_json:
         echo_json({"artifacts": n, "problems": problems})
     else:
