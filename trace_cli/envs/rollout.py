@@ -30,7 +30,9 @@ class EpisodeState:
     done: bool = False
     termination: str = ""
     gen_tokens: int = 0
+    n_truncated: int = 0  # policy turns cut at max_new_tokens
     turns: list[dict[str, Any]] = field(default_factory=list)  # per policy turn: prompt/completion token ids
+    kv: Any = None  # the policy's per-episode generation state (KV cache), dropped with the episode
 
     @property
     def tools(self) -> list[dict[str, Any]]:
@@ -54,6 +56,7 @@ class EpisodeResult:
     breakdown: dict[str, Any]
     metadata: dict[str, Any]  # hidden task metadata (family, required capabilities, reference actions)
     turns: list[dict[str, Any]] = field(default_factory=list)
+    n_truncated: int = 0
 
 
 def start(env: Environment, seed: int, trial: int = 0) -> EpisodeState:
@@ -89,10 +92,13 @@ def apply_actions(
                 {"id": cid, "type": "function", "function": {"name": a["name"], "arguments": a["arguments"]}}
                 for cid, a in zip(ids, calls, strict=True)
             ]
-            if raw is not None:
+            said = next((a["content"] for a in actions if "content" in a and "name" not in a), None)
+            if raw is not None and said is None:
                 # text the agent wrote around its calls ("Let me check that order.") stays in the transcript
                 # and in the next prompt, as the chat template renders content before tool calls
                 msg["content"] = _text_outside_calls(raw)
+            elif raw is not None:  # a non-Hermes parser says what was written outside the calls
+                msg["content"] = said
             else:  # a structured turn (an API model's tool_calls) may say something alongside its calls
                 msg["content"] = next(
                     (a["content"] for a in actions if "content" in a and "name" not in a), ""
@@ -171,6 +177,7 @@ def finish(state: EpisodeState) -> EpisodeResult:
         breakdown={"components": b.components, "details": b.details},
         metadata=meta,
         turns=state.turns,
+        n_truncated=state.n_truncated,
     )
 
 
@@ -184,6 +191,9 @@ def rollout(
     on_done: Callable[[EpisodeResult], None] | None = None,
 ) -> list[EpisodeResult]:
     """Run `jobs` [(seed, trial), ...] with `policy`; results come back in job order."""
+    from trace_cli.models.chat import parse_assistant
+
+    parse = getattr(policy, "parse", None) or parse_assistant
     queue = list(enumerate(jobs))
     active: list[tuple[int, EpisodeState]] = []
     results: dict[int, EpisodeResult] = {}
@@ -198,9 +208,7 @@ def rollout(
         still: list[tuple[int, EpisodeState]] = []
         for (idx, st), out in zip(active, outputs, strict=True):
             if isinstance(out, str):
-                from trace_cli.models.chat import parse_assistant
-
-                apply_actions(st, parse_assistant(out), out, max_turns=max_turns)
+                apply_actions(st, parse(out), out, max_turns=max_turns)
             else:
                 apply_actions(st, out, None, max_turns=max_turns)
             if st.done:

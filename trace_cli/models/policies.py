@@ -104,7 +104,13 @@ class RandomPolicy:
 
 
 class HFPolicy:
-    """A transformers causal LM (optionally base + PEFT adapter): batched, left-padded, KV-cached generation."""
+    """A transformers causal LM (optionally base + PEFT adapter): batched, left-padded, KV-cached generation.
+
+    Prompts are rendered with the model's own template (models.chat.template_for), generation stops at every
+    stop token of the tokenizer and generation config, and tool calls are parsed by the model family's parser
+    (`tool_format`). In the rollout loop each episode keeps its KV cache across turns (models.kvcache), so a
+    turn feeds only the tokens added since the last one. A prompt that no longer fits the model's context
+    with `max_new_tokens` ends its episode (termination `max_length`) instead of being cut."""
 
     def __init__(
         self,
@@ -118,7 +124,13 @@ class HFPolicy:
         seed: int = 0,
         name: str = "hf",
         record_tokens: bool = False,
+        tool_format: str | None = None,
+        max_context: int | None = None,
+        reuse_cache: bool = True,
     ):
+        from trace_cli.models.chat import eos_ids
+        from trace_cli.models.templates import detect_tool_format
+
         self.model = model
         self.tok = tokenizer
         self.temperature = temperature
@@ -128,19 +140,83 @@ class HFPolicy:
         self.seed = seed
         self.name = name
         self.record_tokens = record_tokens
+        self.tool_format = tool_format or detect_tool_format(getattr(tokenizer, "chat_template", None))
+        self.max_context = max_context
+        self.reuse_cache = reuse_cache
+        self.eos = eos_ids(tokenizer, getattr(model, "generation_config", None))
+        if not self.eos:
+            raise ValueError("the tokenizer and generation config name no stop token (eos_token_id)")
         self._round = 0
 
-    def act(self, states: list[EpisodeState]) -> list[str]:
+    def parse(self, text: str) -> list[dict[str, Any]]:
+        from trace_cli.models.toolcalls import parse
+
+        return parse(text, self.tool_format, self.tok)
+
+    def _gen_kwargs(self, temperature: float, top_p: float, max_new_tokens: int) -> dict[str, Any]:
+        import torch
+
+        do_sample = temperature > 0
+        kw: dict[str, Any] = {
+            "max_new_tokens": max_new_tokens,
+            "do_sample": do_sample,
+            "pad_token_id": self._pad(),
+            "eos_token_id": list(self.eos),
+        }
+        if do_sample:
+            kw.update(temperature=temperature, top_p=top_p, top_k=0)
+            # a per-round seed derived from the run seed: reruns reproduce, rounds differ
+            torch.manual_seed(self.seed * 100_003 + self._round)
+        self._round += 1
+        return kw
+
+    def _pad(self) -> int:
+        return self.tok.pad_token_id if self.tok.pad_token_id is not None else self.eos[0]
+
+    def act(self, states: list[EpisodeState]) -> list[Any]:
         from trace_cli.models.chat import render
 
-        prompts = [render(self.tok, s.messages, s.tools, add_generation_prompt=True) for s in states]
-        texts = []
-        for s, (text, ids, prompt_ids) in zip(states, self.generate(prompts), strict=True):
-            s.gen_tokens += len(ids)
-            if self.record_tokens:
-                s.turns.append({"prompt_ids": prompt_ids, "completion_ids": ids})
-            texts.append(text)
-        return texts
+        if not self.reuse_cache:
+            prompts = [render(self.tok, s.messages, s.tools, add_generation_prompt=True) for s in states]
+            out = []
+            for s, (text, ids, prompt_ids) in zip(states, self.generate(prompts), strict=True):
+                self._account(s, prompt_ids, ids)
+                out.append(text)
+            return out
+        from trace_cli.models.kvcache import generate_reusing
+
+        outs: list[Any] = [None] * len(states)
+        live: list[tuple[int, list[int]]] = []
+        for i, s in enumerate(states):
+            text = render(self.tok, s.messages, s.tools, add_generation_prompt=True)
+            ctx = self.tok(text, add_special_tokens=False)["input_ids"]
+            if self.max_context and len(ctx) + self.max_new_tokens > self.max_context:
+                s.done, s.termination = True, "max_length"
+                outs[i] = [{"malformed": "", "error": "the conversation no longer fits the model's context"}]
+                continue
+            live.append((i, ctx))
+        if live:
+            kw = self._gen_kwargs(self.temperature, self.top_p, self.max_new_tokens)
+            comps, caches = generate_reusing(
+                self.model,
+                [c for _, c in live],
+                [getattr(states[i], "kv", None) for i, _ in live],
+                self._pad(),
+                self.eos,
+                **kw,
+            )
+            for (i, ctx), ids, kv in zip(live, comps, caches, strict=True):
+                states[i].kv = kv
+                self._account(states[i], ctx, ids)
+                outs[i] = self.tok.decode(ids, skip_special_tokens=False)
+        return outs
+
+    def _account(self, s: EpisodeState, prompt_ids: list[int], ids: list[int]) -> None:
+        s.gen_tokens += len(ids)
+        if len(ids) >= self.max_new_tokens and (not ids or ids[-1] not in self.eos):
+            s.n_truncated += 1
+        if self.record_tokens:
+            s.turns.append({"prompt_ids": prompt_ids, "completion_ids": ids})
 
     def generate(
         self,
@@ -151,7 +227,7 @@ class HFPolicy:
         max_new_tokens: int | None = None,
     ) -> list[tuple[str, list[int], list[int]]]:
         """One batched `generate` for rendered prompts: (text, completion ids, prompt ids) per prompt, the
-        text cut after the end-of-turn token. Settings default to the policy's (`trace serve` passes a
+        text cut after the first stop token. Settings default to the policy's (`trace serve` passes a
         request's own)."""
         import torch
 
@@ -163,29 +239,21 @@ class HFPolicy:
             enc = {k: v[:, -self.max_prompt_tokens :] for k, v in enc.items()}
         # the model may live on a GPU (load_hf moves it there); the tokenizer's tensors are on the CPU
         enc = {k: v.to(self.model.device) for k, v in enc.items()}
-        do_sample = temperature > 0
-        gen_kwargs: dict[str, Any] = {
-            "max_new_tokens": self.max_new_tokens if max_new_tokens is None else max_new_tokens,
-            "do_sample": do_sample,
-            "pad_token_id": self.tok.pad_token_id,
-            "eos_token_id": self.tok.convert_tokens_to_ids("<|im_end|>"),
-        }
-        if do_sample:
-            gen_kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
-            # a per-round seed derived from the run seed: reruns reproduce, rounds differ
-            torch.manual_seed(self.seed * 100_003 + self._round)
-        self._round += 1
+        gen_kwargs = self._gen_kwargs(
+            temperature, top_p, self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        )
         with torch.inference_mode():
             out = self.model.generate(**enc, **gen_kwargs)
         new = out[:, enc["input_ids"].shape[1] :]
         results = []
-        eos = gen_kwargs["eos_token_id"]
+        stop = set(self.eos)
         for i in range(len(prompts)):
             ids = new[i].tolist()
-            # Rows that stop early are padded after their EOS. A row without EOS ran to max_new_tokens, so
-            # every one of its tokens was generated (even a pad-id token the model chose mid-turn): keep all.
-            # A truncated turn is parsed as-is (an unterminated tool call is malformed).
-            ids = ids[: ids.index(eos) + 1] if eos in ids else ids
+            # Rows that stop early are padded after their stop token. A row without one ran to max_new_tokens,
+            # so every one of its tokens was generated (even a pad-id token the model chose mid-turn): keep
+            # all. A truncated turn is parsed as-is (an unterminated tool call is malformed).
+            cut = next((k + 1 for k, t in enumerate(ids) if t in stop), len(ids))
+            ids = ids[:cut]
             p = enc["input_ids"][i]
             m = enc["attention_mask"][i]
             results.append((self.tok.decode(ids, skip_special_tokens=False), ids, p[m.bool()].tolist()))

@@ -85,6 +85,10 @@ def dir_digest(path: Path) -> str:
     return h.hexdigest()
 
 
+def has_tokenizer(path: Path) -> bool:
+    return any((Path(path) / f).is_file() for f in TOKENIZER_FILES)
+
+
 def check_hf_dir(path: Path) -> None:
     if not (path / "config.json").is_file():
         raise UsageError(f"{path}: not a Hugging Face model directory (no config.json)")
@@ -201,7 +205,9 @@ def load_hf(ref: ModelRef, *, trainable_adapter: bool = False):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(ref.path, padding_side="left")
+    # an adapter artifact carries the tokenizer (and chat template) it was trained with
+    tok_dir = ref.adapter_path if ref.adapter_path and has_tokenizer(ref.adapter_path) else ref.path
+    tok = AutoTokenizer.from_pretrained(tok_dir, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(ref.path, dtype=torch.float32)
     if ref.kind == "adapter":
         from peft import PeftModel
@@ -242,10 +248,15 @@ def load_policy(
         return (
             policies.ReferencePolicy() if ref.display == "policy:reference" else policies.RandomPolicy(seed)
         )
+    from trace_cli.models.importer import context_of, read_meta
+
     model, tok = load_hf(ref)
+    meta = read_meta(ref.path)
     return policies.HFPolicy(
         model,
         tok,
+        tool_format=meta.get("tool_format"),
+        max_context=context_of(model.config),
         temperature=temperature,
         top_p=top_p,
         max_new_tokens=max_new_tokens,

@@ -1,4 +1,5 @@
-"""Stage `model`: build an offline Qwen3-architecture model + tokenizer as a `model` artifact."""
+"""Stage `model`: build an offline Qwen3-architecture model + tokenizer (`preset`), or import a real checkpoint
+(`source`: HF dir, .gguf, built-in smollm2-135m-instruct), as a `model` artifact."""
 
 from __future__ import annotations
 
@@ -22,7 +23,17 @@ def check_envs(names: list[str]) -> None:
         raise UsageError(f"envs: unknown environment(s) {', '.join(bad)}; registered: {', '.join(known)}")
 
 
+IMPORT_KEYS = ("source", "chat_template")
+PRESET_ONLY = ("preset", "vocab_size", "arch", "corpus_seeds")
+
+
 def prepare(config: dict[str, Any], store: Store) -> Prepared:
+    raw = dict(config or {})
+    if "source" in raw:
+        return _prepare_import(raw)
+    bad = [k for k in IMPORT_KEYS if k in raw]
+    if bad:
+        raise UsageError(f"{', '.join(bad)}: only used when importing a model (source: ...)")
     cfg = checked_config(NAME, config)
     check_envs(cfg["envs"])
     # The id covers what the config builds, not only what it says: the preset's resolved architecture and
@@ -35,10 +46,30 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
     return Prepared(NAME, cfg, id_config, [], dict(OUTPUTS)).finalize()
 
 
+def _prepare_import(raw: dict[str, Any]) -> Prepared:
+    from trace_cli.models.importer import IMPORTER_VERSION, resolve_source
+
+    bad = [k for k in PRESET_ONLY if k in raw]
+    if bad:
+        raise UsageError(f"{', '.join(bad)}: only used when building a preset; drop it with source:")
+    cfg = checked_config(NAME, raw)
+    for k in ("corpus_seeds",):  # preset defaults that mean nothing for an import
+        cfg.pop(k, None)
+    check_envs(cfg["envs"])
+    src = resolve_source(cfg["source"])
+    id_config = {**cfg, "source_digest": src["digest"], "importer_version": IMPORTER_VERSION}
+    inputs = [{"role": "source", "digest": src["digest"], "path": str(src["path"])}]
+    p = Prepared(NAME, cfg, id_config, inputs, dict(OUTPUTS)).finalize()
+    p.extra["source"] = src
+    return p
+
+
 def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=False) -> dict[str, Artifact]:
     from trace_cli.models.builder import build
 
     cfg = prepared.config
+    if "source" in cfg:
+        return _run_import(prepared, store, name=name, overrides=overrides, replace=replace)
     with store.writer(
         "model",
         NAME,
@@ -60,4 +91,27 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
             arch=cfg.get("arch"),
         )
         w.summary.update(summary)
+    return {"model": w.artifact}
+
+
+def _run_import(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=False):
+    from trace_cli.models.importer import import_model
+
+    cfg = prepared.config
+    with store.writer(
+        "model",
+        NAME,
+        cfg,
+        prepared.inputs,
+        name=name,
+        overrides=overrides,
+        seed=cfg["seed"],
+        id=prepared.id,
+        replace=replace,
+    ) as w:
+        w.summary.update(
+            import_model(
+                cfg["source"], w.path / "hf", chat_template=cfg.get("chat_template"), envs=cfg["envs"]
+            )
+        )
     return {"model": w.artifact}
