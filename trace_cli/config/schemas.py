@@ -21,6 +21,7 @@ SCHEMA_BY_KIND: dict[str, str] = {
     "capabilities": "capabilities.v1.json",
     "diagnosis": "diagnosis.v1.json",
     "environment": "environment.v1.json",
+    "composition": "composition.v1.json",
 }
 
 

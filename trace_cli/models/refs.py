@@ -48,7 +48,7 @@ _BIG = 64 << 20
 
 @dataclass
 class ModelRef:
-    kind: str  # builtin | hf | adapter | openai
+    kind: str  # builtin | hf | adapter | composition | openai
     display: str
     digest: str
     path: Path | None = None  # the HF model dir (base model for adapters)
@@ -152,7 +152,19 @@ def resolve_model(ref: str, store: Store | None = None) -> ModelRef:
                     artifact_kind="adapter",
                     extra={"base": base_ref.display},
                 )
-            raise UsageError(f"{ref!r} is a {art.kind} artifact, not a model or adapter")
+            if art.kind == "composition":  # adapters combined by `trace compose` (trace_cli.compose)
+                base_ref = adapter_base(art, store)
+                return ModelRef(
+                    "composition",
+                    art.uri,
+                    art.digest,
+                    path=base_ref.path,
+                    adapter_path=art.path,
+                    artifact_id=art.id,
+                    artifact_kind="composition",
+                    extra={"base": base_ref.display, "base_digest": base_ref.digest},
+                )
+            raise UsageError(f"{ref!r} is a {art.kind} artifact, not a model, adapter or composition")
     if "/" in ref and not ref.startswith(("store://", ".", "/")):
         return _hub(ref)
     raise NotFoundError(f"model {ref!r} not found: not a store artifact, a local directory or a hub id")

@@ -21,6 +21,7 @@ STAGES: dict[str, str] = {
     "train": "trace_cli.stages.train",
     "diagnose": "trace_cli.stages.diagnose",
     "synthesize": "trace_cli.stages.synthesize",
+    "compose": "trace_cli.stages.compose",
 }
 
 

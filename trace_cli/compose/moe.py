@@ -1,0 +1,244 @@
+"""Token-level top-1 mixture of LoRA experts (ours, beyond the paper).
+
+Every linear layer that some adapter adapts becomes a `GatedLoraLinear`: the frozen base layer, the frozen
+LoRA matrices of each expert, and a small trainable gate `Linear(in_features, 1 + n_experts)` that reads the
+layer input. Per token the gate picks one slot by argmax (slot 0 = base, no adapter); the chosen expert's
+LoRA delta is scaled by its gate probability (Switch Transformer), so the gate gets a gradient through the
+output as well as from its routing loss; a Switch load-balancing loss is available for training.
+
+Inference computes only the chosen expert's delta: tokens are grouped by expert (one group in the common
+case), base-slot tokens cost nothing beyond the gate. Routing is per token and stateless, so KV-cached
+generation works unchanged (each new token is routed when it is computed).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trace_cli.compose.adapters import LoraWeights
+from trace_cli.errors import UsageError
+
+GATES_FORMAT = "trace-moe-gates-v1"
+
+
+@dataclass
+class RoutingTrace:
+    """State shared by the gated layers of one model: what to collect during a forward pass."""
+
+    collect_logits: bool = False  # training: every layer's gate logits, in call order
+    record: bool = False  # evaluation/tests: every layer's top-1 choices, in call order
+    mask: torch.Tensor | None = None  # flat bool mask of real tokens for the load-balancing loss
+    context: bool = True  # gates also read the running mean of their layer's input over the sequence
+    pad_id: int | None = None
+    fresh: bool = True  # the current forward starts a new sequence (no KV cache before it)
+    new_mask: torch.Tensor | None = None  # (B, T) 1 for the current forward's real tokens, 0 for padding
+    state: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # layer -> (sum, count)
+    logits: list[torch.Tensor] = field(default_factory=list)
+    aux: list[torch.Tensor] = field(default_factory=list)
+    choices: list[tuple[str, torch.Tensor]] = field(default_factory=list)
+
+    def clear(self) -> None:
+        self.logits, self.aux, self.choices = [], [], []
+
+    def before_forward(self, module, args, kwargs) -> None:
+        """Decoder pre-hook: is this a new sequence or a cached continuation, and which new tokens are real."""
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        emb = kwargs.get("inputs_embeds")
+        past = kwargs.get("past_key_values")
+        self.fresh = past is None or past.get_seq_length() == 0
+        ref = ids if ids is not None else emb
+        n = ref.shape[1]
+        am = kwargs.get("attention_mask")
+        if isinstance(am, torch.Tensor) and am.dim() == 2:
+            self.new_mask = am[:, -n:]
+        elif ids is not None and self.fresh and self.pad_id is not None:
+            self.new_mask = (ids != self.pad_id).long()  # masks already expanded by the caller: pads by id
+        else:
+            self.new_mask = None
+        if self.fresh:
+            self.state = {}
+
+    def context_mean(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """Causal mean of x over the sequence's real tokens so far (x: B, T, d), carried across cached steps."""
+        m = self.new_mask
+        m = torch.ones(x.shape[:2], device=x.device, dtype=x.dtype) if m is None else m.to(x.device, x.dtype)
+        s = (x * m.unsqueeze(-1)).cumsum(1)
+        c = m.cumsum(1).unsqueeze(-1)
+        prev = None if self.fresh else self.state.get(name)
+        if prev is not None and prev[0].shape[0] == x.shape[0]:
+            s, c = s + prev[0].unsqueeze(1), c + prev[1].unsqueeze(1)
+        self.state[name] = (s[:, -1].detach(), c[:, -1].detach())
+        return s / c.clamp(min=1.0)
+
+
+class GatedLoraLinear(nn.Module):
+    """y = W x + p_e * s_e B_e A_e x with e = argmax gate(x) per token (no delta when e = 0, the base)."""
+
+    def __init__(self, base: nn.Linear, name: str, experts: list[LoraWeights], trace: RoutingTrace):
+        super().__init__()
+        self.base_layer = base
+        self.layer_name = name
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.n_slots = 1 + len(experts)
+        self.gate = nn.Linear(self.in_features * (2 if trace.context else 1), self.n_slots, bias=False)
+        nn.init.zeros_(self.gate.weight)  # untrained: uniform probabilities, argmax = slot 0 = base
+        self._trace = [trace]  # a list: not a submodule
+        self._has: list[bool] = [False]
+        dev, dt = base.weight.device, base.weight.dtype
+        for i, e in enumerate(experts, start=1):
+            ab = e.modules.get(name)
+            self._has.append(ab is not None)
+            if ab is not None:
+                a, b = ab
+                self.register_buffer(f"lora_A_{i}", a.to(dev, dt), persistent=False)
+                # the scaling is folded into B once, so a token's delta is B'(A x) * p
+                self.register_buffer(f"lora_B_{i}", (b * e.scaling).to(dev, dt), persistent=False)
+
+    @property
+    def trace(self) -> RoutingTrace:
+        return self._trace[0]
+
+    def _delta(self, slot: int, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(F.linear(x, getattr(self, f"lora_A_{slot}")), getattr(self, f"lora_B_{slot}"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base_layer(x)
+        trace = self.trace
+        gx = (x.detach() if self.training else x).to(self.gate.weight.dtype)
+        if trace.context:
+            g3 = gx if gx.dim() == 3 else gx.reshape(1, -1, gx.shape[-1])
+            gx = torch.cat([g3, trace.context_mean(self.layer_name, g3)], -1).reshape(*gx.shape[:-1], -1)
+        logits = self.gate(gx)
+        probs = logits.softmax(-1)
+        p, idx = probs.max(-1)
+        if trace.collect_logits:
+            trace.logits.append(logits)
+            flat = probs.reshape(-1, self.n_slots)
+            f = F.one_hot(idx.reshape(-1), self.n_slots).to(flat.dtype)
+            if trace.mask is not None and trace.mask.numel() == flat.shape[0]:
+                f, flat = f[trace.mask], flat[trace.mask]
+            trace.aux.append(self.n_slots * (f.mean(0) * flat.mean(0)).sum())  # Switch load balancing
+        if trace.record:
+            trace.choices.append((self.layer_name, idx.detach()))
+        lead = x.shape[:-1]
+        xf = x.reshape(-1, self.in_features)
+        idf = idx.reshape(-1)
+        pf = p.reshape(-1, 1).to(y.dtype)
+        slots = [s for s in torch.unique(idf).tolist() if s and self._has[s]]
+        if not slots:
+            return y
+        if len(slots) == 1 and bool((idf == slots[0]).all()):
+            # every token chose the same expert (the usual decode step): no gather/scatter
+            return y + (self._delta(slots[0], xf) * pf).view(*lead, self.out_features)
+        delta = torch.zeros(xf.shape[0], self.out_features, dtype=y.dtype, device=y.device)
+        for s in slots:
+            rows = (idf == s).nonzero().squeeze(1)
+            delta = delta.index_add(
+                0, rows, self._delta(s, xf.index_select(0, rows)) * pf.index_select(0, rows)
+            )
+        return y + delta.view(*lead, self.out_features)
+
+
+def attach(
+    model, experts: list[LoraWeights], targets: list[str], *, context: bool = True, pad_id: int | None = None
+) -> tuple[dict[str, GatedLoraLinear], RoutingTrace]:
+    """Replace each target linear of `model` by a GatedLoraLinear; freeze everything but the gates."""
+    trace = RoutingTrace(context=context, pad_id=pad_id)
+    layers: dict[str, GatedLoraLinear] = {}
+    mods = dict(model.named_modules())
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for name in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = mods[parent_name] if parent_name else model
+        layer = GatedLoraLinear(getattr(parent, child), name, experts, trace)
+        setattr(parent, child, layer)
+        layers[name] = layer
+    for layer in layers.values():
+        layer.gate.weight.requires_grad_(True)
+    get = getattr(model, "get_decoder", None)
+    decoder = (get() if callable(get) else None) or model
+    decoder.register_forward_pre_hook(trace.before_forward, with_kwargs=True)
+    return layers, trace
+
+
+def gate_tensors(layers: dict[str, GatedLoraLinear]) -> dict[str, torch.Tensor]:
+    return {
+        f"{n}.gate.weight": layer.gate.weight.detach().float().cpu().contiguous()
+        for n, layer in layers.items()
+    }
+
+
+def save_gates(
+    path: Path, layers: dict[str, GatedLoraLinear], *, base_digest: str, experts: list[str]
+) -> None:
+    from safetensors.torch import save_file
+
+    meta = {"format": GATES_FORMAT, "base_digest": base_digest, "experts": json.dumps(experts)}
+    save_file(gate_tensors(layers), str(path), metadata=meta)
+
+
+def read_gates(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    from safetensors import safe_open
+
+    tensors: dict[str, torch.Tensor] = {}
+    with safe_open(str(path), framework="pt") as f:
+        meta = dict(f.metadata() or {})
+        for k in f.keys():
+            tensors[k] = f.get_tensor(k)
+    if meta.get("format") != GATES_FORMAT:
+        raise UsageError(f"{path}: not a trace MoE gates file (format {meta.get('format')!r})")
+    meta["experts"] = json.loads(meta.get("experts", "[]"))
+    return tensors, meta
+
+
+def load_gates(
+    layers: dict[str, GatedLoraLinear], path: Path, *, base_digest: str, experts: list[str], origin: str
+) -> None:
+    """Load trained gates; UsageError if they were trained on another base model or other experts."""
+    tensors, meta = read_gates(path)
+    if meta.get("base_digest") != base_digest:
+        raise UsageError(
+            f"gates from {origin} were trained on another base model (digest {str(meta.get('base_digest'))[:12]}…, "
+            f"this base is {base_digest[:12]}…); gates only fit the base they were trained on",
+            hint="train new gates (drop moe.gates) or use that base",
+        )
+    if meta.get("experts") != experts:
+        raise UsageError(
+            f"gates from {origin} route experts {meta.get('experts')}, this composition has {experts}; "
+            "the experts and their order must match"
+        )
+    want = set(gate_tensors(layers))
+    if set(tensors) != want:
+        missing = sorted(want - set(tensors))[:3]
+        extra = sorted(set(tensors) - want)[:3]
+        raise UsageError(
+            f"gates from {origin} do not fit this model's layers (missing {missing}, unexpected {extra})"
+        )
+    for n, layer in layers.items():
+        t = tensors[f"{n}.gate.weight"]
+        if tuple(t.shape) != tuple(layer.gate.weight.shape):
+            raise UsageError(
+                f"gates from {origin}: {n} has shape {tuple(t.shape)}, this model needs "
+                f"{tuple(layer.gate.weight.shape)} (another base?)"
+            )
+        with torch.no_grad():
+            layer.gate.weight.copy_(t.to(layer.gate.weight.device, layer.gate.weight.dtype))
+
+
+def turn_votes(
+    choices: list[tuple[str, torch.Tensor]], row: int, start: int, end: int, n_slots: int
+) -> torch.Tensor:
+    """Votes per slot over tokens [start, end) of batch row `row`, summed over every gated layer."""
+    votes = torch.zeros(n_slots, dtype=torch.long)
+    for _, idx in choices:
+        seg = idx[row, start:end].reshape(-1).cpu()
+        votes += torch.bincount(seg, minlength=n_slots)
+    return votes

@@ -1,0 +1,235 @@
+"""Train the MoE gates on labelled transcripts and measure routing accuracy on held-out turns.
+
+A transcript from a capability's environment is labelled with that expert's slot, one from the target
+environment with slot 0 (base). Every token after the system prompt carries the label; the loss is the
+cross-entropy of every gate's logits against it (class-balanced, averaged over layers) plus a small Switch
+load-balancing term. Base model and LoRA experts stay frozen; only the gates train.
+
+Routing accuracy is measured per held-out assistant turn: the turn's expert is the most chosen slot over its
+tokens and all gated layers, as routed during a forward pass over the whole transcript (what generation sees).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from trace_cli.compose.moe import GatedLoraLinear, RoutingTrace, turn_votes
+
+
+@dataclass
+class Transcript:
+    slot: int
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    key: str  # episode identity (for the held-out split)
+
+
+@dataclass
+class Example:
+    slot: int
+    ids: list[int]
+    first: int  # first labelled token (after the system prompt)
+    turns: list[tuple[int, int]] = field(default_factory=list)  # assistant-turn token spans
+    key: str = ""
+
+
+def _ntok(tok, text: str) -> int:
+    return len(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def build_examples(tok, transcripts: list[Transcript], max_length: int) -> list[Example]:
+    """Tokenize with the model's training chat template; find each assistant turn's token span."""
+    from trace_cli.models.chat import render
+
+    out = []
+    for t in transcripts:
+        text = render(tok, t.messages, t.tools, add_generation_prompt=False)
+        ids = tok(text, add_special_tokens=False)["input_ids"][:max_length]
+        first = min(
+            _ntok(tok, render(tok, t.messages[:1], t.tools, add_generation_prompt=False)), len(ids) - 1
+        )
+        turns = []
+        for i, m in enumerate(t.messages):
+            if m.get("role") != "assistant":
+                continue
+            s = _ntok(tok, render(tok, t.messages[:i], t.tools, add_generation_prompt=True))
+            e = min(
+                _ntok(tok, render(tok, t.messages[: i + 1], t.tools, add_generation_prompt=False)), len(ids)
+            )
+            if s < e:
+                turns.append((s, e))
+        out.append(Example(t.slot, ids, max(first, 0), turns, t.key))
+    return out
+
+
+def split(examples: list[Example], held_out: float, seed: int) -> tuple[list[Example], list[Example]]:
+    """Stratified by slot, by episode: a held-out episode contributes no token to training."""
+    rng = random.Random(seed)
+    train, test = [], []
+    for slot in sorted({e.slot for e in examples}):
+        group = [e for e in examples if e.slot == slot]
+        rng.shuffle(group)
+        n = max(1, round(len(group) * held_out)) if len(group) > 1 else 0
+        test += group[:n]
+        train += group[n:]
+    return train, test
+
+
+def _batch(examples: list[Example], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    n = max(len(e.ids) for e in examples)
+    ids = torch.full((len(examples), n), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(examples), n), dtype=torch.long)
+    labels = torch.full((len(examples), n), -100, dtype=torch.long)
+    for i, e in enumerate(examples):  # right padding: positions stay those of an unpadded forward
+        ids[i, : len(e.ids)] = torch.tensor(e.ids)
+        mask[i, : len(e.ids)] = 1
+        labels[i, e.first : len(e.ids)] = e.slot
+    return ids.to(device), mask.to(device), labels.to(device)
+
+
+def _decoder(model):
+    """The decoder stack without the LM head: gate training needs no vocabulary logits."""
+    get = getattr(model, "get_decoder", None)
+    dec = get() if callable(get) else None
+    return dec if dec is not None else model
+
+
+def train_gates(
+    model,
+    layers: dict[str, GatedLoraLinear],
+    trace: RoutingTrace,
+    examples: list[Example],
+    *,
+    n_slots: int,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    aux_coef: float,
+    seed: int,
+    pad_id: int,
+    log: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """AdamW on the gate weights only; class-balanced CE over every gate + aux_coef * load balancing."""
+    if not examples:
+        return []
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    device = next(model.parameters()).device
+    params = [layer.gate.weight for layer in layers.values()]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    counts = torch.zeros(n_slots)
+    for e in examples:
+        counts[e.slot] += max(1, len(e.ids) - e.first)
+    weight = torch.where(
+        counts > 0, counts.sum() / (counts.clamp(min=1) * (counts > 0).sum()), torch.zeros(())
+    )
+    weight = weight.to(device)
+    by_slot: dict[int, list[Example]] = {}
+    for e in examples:
+        by_slot.setdefault(e.slot, []).append(e)
+    slots = sorted(by_slot)
+    dec = _decoder(model)
+    model.train()
+    rows = []
+    t0 = time.monotonic()
+    try:
+        for step in range(1, steps + 1):
+            # balanced batches: each slot in turn, so a rare expert is seen every step
+            batch = [
+                rng.choice(by_slot[slots[(step * batch_size + i) % len(slots)]]) for i in range(batch_size)
+            ]
+            ids, mask, labels = _batch(batch, pad_id, device)
+            trace.clear()
+            trace.collect_logits = True
+            trace.mask = mask.reshape(-1).bool()
+            dec(input_ids=ids, attention_mask=mask, use_cache=False)
+            flat = labels.reshape(-1)
+            keep = flat != -100
+            ce = torch.stack(
+                [
+                    F.cross_entropy(lg.reshape(-1, n_slots)[keep], flat[keep], weight=weight)
+                    for lg in trace.logits
+                ]
+            ).mean()
+            aux = torch.stack(trace.aux).mean() if trace.aux else torch.zeros((), device=device)
+            loss = ce + aux_coef * aux
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            with torch.no_grad():
+                acc = torch.stack(
+                    [
+                        (lg.reshape(-1, n_slots)[keep].argmax(-1) == flat[keep]).float().mean()
+                        for lg in trace.logits
+                    ]
+                ).mean()
+            row = {
+                "step": step,
+                "loss": float(loss),
+                "ce": float(ce),
+                "aux": float(aux),
+                "token_accuracy": float(acc),
+                "elapsed_s": time.monotonic() - t0,
+            }
+            rows.append(row)
+            if log:
+                log(row)
+    finally:
+        trace.clear()
+        trace.collect_logits = False
+        trace.mask = None
+        model.eval()
+    return rows
+
+
+@torch.no_grad()
+def routing_accuracy(
+    model,
+    trace: RoutingTrace,
+    examples: list[Example],
+    *,
+    n_slots: int,
+    names: list[str],
+    pad_id: int,
+    batch_size: int = 8,
+) -> dict[str, Any]:
+    """Per held-out assistant turn: is the most chosen slot (tokens x layers) the transcript's label?"""
+    device = next(model.parameters()).device
+    dec = _decoder(model)
+    model.eval()
+    right = [0] * n_slots
+    total = [0] * n_slots
+    tok_right = tok_total = 0
+    trace.record = True
+    try:
+        for i in range(0, len(examples), batch_size):
+            chunk = examples[i : i + batch_size]
+            ids, mask, labels = _batch(chunk, pad_id, device)
+            trace.clear()
+            dec(input_ids=ids, attention_mask=mask, use_cache=False)
+            for row, e in enumerate(chunk):
+                for s, t in e.turns:
+                    votes = turn_votes(trace.choices, row, s, t, n_slots)
+                    total[e.slot] += 1
+                    right[e.slot] += int(int(votes.argmax()) == e.slot)
+                    tok_right += int(votes[e.slot])
+                    tok_total += int(votes.sum())
+    finally:
+        trace.record = False
+        trace.clear()
+    per = {names[s]: (round(right[s] / total[s], 4) if total[s] else None) for s in range(n_slots)}
+    n = sum(total)
+    return {
+        "routing_accuracy": round(sum(right) / n, 4) if n else None,
+        "routing_accuracy_per_expert": per,
+        "routing_turns": n,
+        "routing_turns_per_expert": {names[s]: total[s] for s in range(n_slots)},
+        "token_routing_accuracy": round(tok_right / tok_total, 4) if tok_total else None,
+    }

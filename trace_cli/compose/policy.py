@@ -1,0 +1,166 @@
+"""Load a composition artifact as a policy with the HF policy's interface (`act`, `generate`).
+
+moe and merge are ordinary models after loading (gated layers / merged weights), so they run in `HFPolicy`;
+the router needs to see conversations, so `RouterPolicy` routes each episode (once, or at every new user turn),
+merges the chosen adapters into the weights and generates for each group of episodes that share a decision.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trace_cli.compose import GATES_FILE, MERGED_DIR
+from trace_cli.compose.adapters import check_targets, load_lora
+from trace_cli.compose.spec import read_composition
+from trace_cli.models.policies import HFPolicy
+
+ROUTE_ATTR = "compose_route"  # set on each EpisodeState: {"users": n, "mix": {...}, "decisions": [...]}
+
+
+def load_model(path: Path, base_dir: Path, *, base_digest: str | None = None):
+    """(model, tokenizer, doc, extra) for the composition at `path` on the base model in `base_dir`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trace_cli.errors import UsageError
+
+    doc = read_composition(path)
+    if base_digest is not None and doc["base"]["digest"] != base_digest:
+        raise UsageError(
+            f"composition {path}: built on base {doc['base']['digest'][:12]}…, not on the model given "
+            f"({base_digest[:12]}…)"
+        )
+    tok = AutoTokenizer.from_pretrained(base_dir, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    if torch.cuda.is_available():
+        model = model.to("cuda")
+    extra: dict[str, Any] = {}
+    if doc["method"] == "merge":
+        from trace_cli.compose.merge import load_merged
+
+        model = load_merged(model, Path(path) / doc.get("merged", MERGED_DIR))
+    else:
+        experts = [load_lora(Path(path) / e["dir"], e["name"]) for e in doc["experts"]]
+        targets = check_targets(model, experts)
+        if doc["method"] == "moe":
+            from trace_cli.compose.moe import attach, load_gates
+
+            gates = doc["gates"]
+            layers, trace = attach(model, experts, targets, context=gates["context"], pad_id=tok.pad_token_id)
+            load_gates(
+                layers,
+                Path(path) / gates["file"],
+                base_digest=doc["base"]["digest"],
+                experts=[e["name"] for e in doc["experts"]],
+                origin=str(path),
+            )
+            extra.update(layers=layers, trace=trace)
+        else:
+            from trace_cli.compose.router import WeightMerger
+
+            extra["merger"] = WeightMerger(model, experts, targets)
+    model.eval()
+    return model, tok, doc, extra
+
+
+class RouterPolicy(HFPolicy):
+    """The paper's task router in front of an HF model whose weights it re-merges per routing decision."""
+
+    def __init__(self, model, tokenizer, doc: dict[str, Any], merger, **kw):
+        super().__init__(model, tokenizer, **kw)
+        from trace_cli.compose.router import Skill, label_ids
+
+        s = doc["settings"]["router"]
+        self.settings = s
+        self.skills = [Skill("base", s["base_description"])] + [
+            Skill(e["name"], e["description"]) for e in doc["experts"]
+        ]
+        self.label_ids = label_ids(tokenizer, len(self.skills))
+        self.merger = merger
+        self.decisions: list[dict[str, Any]] = []  # every routing decision, in order (for reports and tests)
+
+    def route(self, conversations: list[list[dict[str, Any]]]) -> list[dict[int, float]]:
+        """One mix (expert index -> alpha; empty = base) per conversation, from the frozen base model."""
+        from trace_cli.compose.router import classifier_prompt, classify, decide
+
+        if not conversations:
+            return []
+        self.merger.apply({})  # the classifier is the base model
+        prompts = [
+            classifier_prompt(self.tok, self.skills, m, self.settings["history"]) for m in conversations
+        ]
+        probs = classify(self.model, self.tok, prompts, self.label_ids, self.settings["temperature"])
+        mixes = [decide(p, self.settings["strategy"], self.settings["top_p"]) for p in probs]
+        for p, mix in zip(probs, mixes, strict=True):
+            self.decisions.append(
+                {
+                    "probs": {sk.name: round(x, 4) for sk, x in zip(self.skills, p, strict=True)},
+                    "mix": {self.skills[i].name: round(a, 4) for i, a in mix.items()},
+                }
+            )
+        return mixes
+
+    def act(self, states) -> list[str]:
+        from trace_cli.models.chat import render
+
+        need = []
+        for s in states:
+            users = sum(1 for m in s.messages if m.get("role") == "user")
+            r = getattr(s, ROUTE_ATTR, None)
+            if r is None or (self.settings["reroute"] == "user_turn" and users > r["users"]):
+                need.append((s, users))
+        for (s, users), mix in zip(need, self.route([s.messages for s, _ in need]), strict=True):
+            r = getattr(s, ROUTE_ATTR, None) or {"decisions": []}
+            r.update(users=users, mix=mix)
+            r["decisions"].append({self.skills[i].name: a for i, a in mix.items()} or {"base": 1.0})
+            setattr(s, ROUTE_ATTR, r)
+        out: list[str | None] = [None] * len(states)
+        groups: dict[tuple, list[int]] = {}
+        for i, s in enumerate(states):
+            key = tuple(sorted(getattr(s, ROUTE_ATTR)["mix"].items()))
+            groups.setdefault(key, []).append(i)
+        for key, idx in groups.items():
+            self.merger.apply(dict(key))
+            prompts = [
+                render(self.tok, states[i].messages, states[i].tools, add_generation_prompt=True) for i in idx
+            ]
+            for i, (text, ids, prompt_ids) in zip(idx, super().generate(prompts), strict=True):
+                states[i].gen_tokens += len(ids)
+                if self.record_tokens:
+                    states[i].turns.append({"prompt_ids": prompt_ids, "completion_ids": ids})
+                out[i] = text
+        return out  # type: ignore[return-value]
+
+    def generate(self, prompts: list[str], **kw) -> list[tuple[str, list[int], list[int]]]:
+        """Rendered prompts without their messages (`trace serve`): each prompt's text is what is routed."""
+        mixes = self.route([[{"role": "user", "content": p[-4000:]}] for p in prompts])
+        out: list[Any] = [None] * len(prompts)
+        groups: dict[tuple, list[int]] = {}
+        for i, mix in enumerate(mixes):
+            groups.setdefault(tuple(sorted(mix.items())), []).append(i)
+        for key, idx in groups.items():
+            self.merger.apply(dict(key))
+            for i, r in zip(idx, super().generate([prompts[i] for i in idx], **kw), strict=True):
+                out[i] = r
+        return out
+
+
+def load_composition_policy(
+    path: Path,
+    base_dir: Path,
+    *,
+    base_digest: str | None = None,
+    name: str = "composition",
+    **kw,
+):
+    """The policy for a composition artifact: RouterPolicy for router, HFPolicy for moe and merge."""
+    model, tok, doc, extra = load_model(path, base_dir, base_digest=base_digest)
+    if doc["method"] == "router":
+        return RouterPolicy(model, tok, doc, extra["merger"], name=name, **kw)
+    policy = HFPolicy(model, tok, name=name, **kw)
+    policy.routing = extra  # moe: the gated layers and their trace (tests read the routing decisions)
+    return policy
+
+
+__all__ = ["GATES_FILE", "RouterPolicy", "load_composition_policy", "load_model"]

@@ -1,0 +1,403 @@
+"""Stage `compose`: combine per-capability LoRA adapters (same base) into a `composition` artifact.
+
+`router` (the paper) records experts and settings; `moe` (ours) trains token-level top-1 gates on labelled
+transcripts and reports routing accuracy on held-out turns; `merge` saves PEFT's linear merge. Every check
+(adapters exist, share the base, are at least two, gates fit the base) runs in `prepare`, before anything is
+written. The artifact holds copies of the adapters, so it stays usable when they are collected.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from trace_cli.errors import UsageError
+from trace_cli.stages.base import Prepared, checked_config
+from trace_cli.store import Artifact, Store
+from trace_cli.store.tables import TableSpec, register_table
+
+NAME = "compose"
+OUTPUTS = {"composition": "composition"}
+GATE_METRICS_FILE = "gate_metrics.parquet"
+GATE_METRICS_SCHEMA = pa.schema(
+    [("step", pa.int64())] + [(c, pa.float64()) for c in ("loss", "ce", "aux", "token_accuracy", "elapsed_s")]
+)
+register_table(TableSpec("gate_metrics", "composition", GATE_METRICS_FILE, GATE_METRICS_SCHEMA))
+METHOD_KEYS = ("router", "moe", "merge")
+
+
+def _recorded_base(art) -> str | None:
+    return next((i.get("digest") for i in art.manifest.get("inputs", []) if i.get("role") == "model"), None)
+
+
+def _adapters(cfg: dict[str, Any], store: Store) -> list[dict[str, Any]]:
+    refs = cfg["adapters"]
+    if len(refs) < 2:
+        raise UsageError(
+            f"a composition needs at least two adapters, got one ({refs[0]}); evaluate a single adapter "
+            f"directly: trace eval --model {refs[0]}"
+        )
+    if len(set(refs)) != len(refs):
+        raise UsageError(f"--adapter: the same adapter is given twice ({', '.join(refs)})")
+    out = []
+    for ref in refs:
+        art = store.resolve(ref, kind="adapter")  # NotFoundError (exit 2) names the unknown adapter
+        if not (art.path / "adapter" / "adapter_config.json").is_file():
+            raise UsageError(f"adapter {ref}: {art.uri} has no adapter/adapter_config.json")
+        cap = (
+            art.summary.get("capability")
+            or art.config.get("capability")
+            or (store.names_of("adapter", art.id) or [art.id])[0]
+        )
+        out.append(
+            {
+                "ref": ref,
+                "art": art,
+                "name": str(cap),
+                "env": art.config.get("env"),
+                "base": _recorded_base(art),
+            }
+        )
+    seen: dict[str, str] = {}
+    for a in out:
+        if a["name"] in seen:
+            raise UsageError(
+                f"adapters {seen[a['name']]} and {a['ref']} are both for capability {a['name']!r}; compose one "
+                "adapter per capability"
+            )
+        seen[a["name"]] = a["ref"]
+    bases = {a["base"] for a in out}
+    if len(bases) > 1:
+        listing = ", ".join(f"{a['ref']} (base {str(a['base'])[:12]}…)" for a in out)
+        raise UsageError(
+            f"adapters on different base models: {listing}; compose only adapters trained on the same base"
+        )
+    return out
+
+
+def prepare(config: dict[str, Any], store: Store) -> Prepared:
+    from trace_cli.compose.spec import describe
+    from trace_cli.models.refs import adapter_base, resolve_model
+
+    cfg = checked_config(NAME, config)
+    for k in METHOD_KEYS:
+        if k != cfg["method"] and (config or {}).get(k):
+            raise UsageError(f"{k}: only used by method {k} (method is {cfg['method']})")
+    adapters = _adapters(cfg, store)
+    if cfg.get("base"):
+        base = resolve_model(cfg["base"], store)
+        if base.kind != "hf":
+            raise UsageError(
+                f"--base {cfg['base']!r}: the base must be a model (store://model/NAME or an HF dir), not a {base.kind}"
+            )
+    else:
+        base = adapter_base(adapters[0]["art"], store)
+    wrong = [a["ref"] for a in adapters if a["base"] != base.digest]
+    if wrong:
+        raise UsageError(
+            f"adapter(s) {', '.join(wrong)} were trained on another base model than {base.display} "
+            f"(digest {base.digest[:12]}…); pass the base they were trained on, or drop --base"
+        )
+    for a in adapters:
+        a["description"] = cfg["descriptions"].get(a["name"]) or describe(a["name"], a["env"], store)
+    unknown = sorted(set(cfg["descriptions"]) - {a["name"] for a in adapters})
+    if unknown:
+        raise UsageError(
+            f"descriptions: no adapter for {', '.join(unknown)} (capabilities: {', '.join(a['name'] for a in adapters)})"
+        )
+    inputs = [base.as_input("model")] + [a["art"].as_input(f"adapter:{a['name']}") for a in adapters]
+    extra: dict[str, Any] = {"base": base, "adapters": adapters}
+    method = cfg["method"]
+    for k in METHOD_KEYS:
+        if k != method:
+            cfg.pop(k, None)
+    if method == "router":
+        from transformers import AutoTokenizer
+
+        from trace_cli.compose.router import label_ids
+
+        label_ids(AutoTokenizer.from_pretrained(base.path), len(adapters) + 1)
+    elif method == "merge":
+        w = cfg["merge"]["weights"]
+        if w is not None and len(w) != len(adapters):
+            raise UsageError(f"merge.weights: {len(w)} weight(s) for {len(adapters)} adapters")
+    else:
+        inputs += _prepare_moe(cfg, store, adapters, base, extra)
+    id_config = {**cfg, "base": base.digest, "adapters": [a["art"].digest for a in adapters]}
+    p = Prepared(NAME, cfg, id_config, inputs, dict(OUTPUTS)).finalize()
+    p.extra.update(extra)
+    return p
+
+
+def _prepare_moe(cfg, store: Store, adapters, base, extra) -> list[dict[str, Any]]:
+    from trace_cli.envs.registry import make_env
+    from trace_cli.models.refs import resolve_model
+    from trace_cli.stages.eval import parse_seeds
+
+    m = cfg["moe"]
+    names = [a["name"] for a in adapters]
+    inputs: list[dict[str, Any]] = []
+    if m.get("gates"):
+        from trace_cli.compose.moe import read_gates
+        from trace_cli.compose.spec import read_composition
+
+        g = store.resolve(m["gates"], kind="composition")
+        doc = read_composition(g.path)
+        if doc["method"] != "moe":
+            raise UsageError(f"moe.gates: {g.uri} is a {doc['method']} composition; it has no gates")
+        _, meta = read_gates(g.path / doc["gates"]["file"])
+        if meta.get("base_digest") != base.digest:
+            raise UsageError(
+                f"moe.gates: the gates of {g.uri} were trained on another base model "
+                f"({str(meta.get('base_digest'))[:12]}…, this base is {base.digest[:12]}…); gates only fit their own base",
+                hint="drop moe.gates to train gates for this base",
+            )
+        if meta.get("experts") != names:
+            raise UsageError(
+                f"moe.gates: {g.uri} routes experts {meta.get('experts')}, this composition has {names}"
+            )
+        if doc["gates"]["context"] != m["context"]:
+            raise UsageError(
+                f"moe.gates: {g.uri} has context={doc['gates']['context']}; set moe.context to match"
+            )
+        extra["gates"] = g
+        return [g.as_input("gates")]
+    data = []
+    for i, d in enumerate(m["data"]):
+        if d["expert"] != "base" and d["expert"] not in names:
+            raise UsageError(
+                f"moe.data[{i}].expert: {d['expert']!r} is not 'base' or one of {', '.join(names)}"
+            )
+        art = store.resolve(d["rollouts"], kind="rollouts")
+        data.append({**d, "art": art})
+        inputs.append(art.as_input(f"data:{d['expert']}"))
+    if not data:
+        seeds = parse_seeds(m["seeds"])
+        for a in adapters:
+            if a["env"] is None:
+                raise UsageError(
+                    f"adapter {a['ref']} records no environment; give moe.data (rollouts labelled with experts)"
+                )
+            make_env(a["env"], store=store)
+        make_env(m["target"], store=store)
+        policy = resolve_model(m["policy"], store)
+        inputs.append(policy.as_input("data_policy"))
+        extra.update(policy=policy, seeds=seeds)
+    labelled = {d["expert"] for d in data}
+    if data and not labelled >= set(names) | {"base"}:
+        missing = sorted((set(names) | {"base"}) - labelled)
+        raise UsageError(
+            f"moe.data: no transcripts for {', '.join(missing)}; every expert and 'base' needs some"
+        )
+    extra["data"] = data
+    return inputs
+
+
+def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=False) -> dict[str, Artifact]:
+    from trace_cli.compose import GATES_FILE, MERGED_DIR
+    from trace_cli.compose.router import LABELS
+    from trace_cli.compose.spec import EXPERTS_DIR, write_composition
+
+    cfg = prepared.config
+    base = prepared.extra["base"]
+    adapters = prepared.extra["adapters"]
+    method = cfg["method"]
+    with store.writer(
+        "composition",
+        NAME,
+        cfg,
+        prepared.inputs,
+        name=name,
+        overrides=overrides,
+        seed=cfg["seed"],
+        id=prepared.id,
+        replace=replace,
+    ) as w:
+        experts = []
+        for i, a in enumerate(adapters, start=1):
+            rel = f"{EXPERTS_DIR}/{a['name']}"
+            shutil.copytree(a["art"].path / "adapter", w.path / rel)
+            e = {
+                "name": a["name"],
+                "description": a["description"],
+                "adapter": a["art"].uri,
+                "adapter_digest": a["art"].digest,
+                "env": a["env"],
+                "dir": rel,
+            }
+            if method == "router":
+                e["label"] = LABELS[i]  # A is "base"
+            if method == "moe":
+                e["slot"] = i  # slot 0 is "base"
+            experts.append(e)
+        doc: dict[str, Any] = {
+            "kind": "composition",
+            "version": 1,
+            "method": method,
+            "base": {
+                "ref": cfg.get("base") or base.display,
+                "uri": f"store://model/{base.artifact_id}" if base.artifact_id else None,
+                "digest": base.digest,
+            },
+            "experts": experts,
+            "settings": {method: cfg[method]},
+        }
+        summary: dict[str, Any] = {
+            "method": method,
+            "experts": [a["name"] for a in adapters],
+            "n_experts": len(adapters),
+            "base_model": cfg.get("base") or base.display,
+            "base_model_uri": doc["base"]["uri"],
+            "base_model_path": str(base.path),
+        }
+        if method == "merge":
+            from trace_cli.compose.merge import merge_adapters
+
+            weights = cfg["merge"]["weights"] or [1.0 / len(adapters)] * len(adapters)
+            merge_adapters(
+                base.path,
+                [(e["name"], w.path / e["dir"]) for e in experts],
+                weights,
+                cfg["merge"]["combination_type"],
+                w.path / MERGED_DIR,
+            )
+            doc["merged"] = MERGED_DIR
+            summary.update(combination_type=cfg["merge"]["combination_type"], weights=weights)
+        elif method == "router":
+            r = cfg["router"]
+            summary.update(
+                strategy=r["strategy"], top_p=r["top_p"], reroute=r["reroute"], history=r["history"]
+            )
+            doc["targets"] = _targets(base, w.path, experts)
+        else:
+            summary.update(_run_moe(prepared, store, w.path, doc, experts, GATES_FILE))
+        write_composition(w.path, doc)
+        w.summary.update(summary)
+    return {"composition": w.artifact}
+
+
+def _targets(base, path, experts) -> list[str]:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trace_cli.compose.adapters import check_targets, load_lora
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base.path))
+    return check_targets(model, [load_lora(path / e["dir"], e["name"]) for e in experts])
+
+
+def _transcripts(prepared: Prepared, store: Store, names: list[str]):
+    """(slot, messages, tools, key) for every labelled transcript: given rollouts, or generated."""
+    from trace_cli.compose.moe_train import Transcript
+    from trace_cli.store.rollouts import read_episodes
+
+    slot = {"base": 0, **{n: i for i, n in enumerate(names, start=1)}}
+    out = []
+    for d in prepared.extra["data"]:
+        only_ok = d.get("success_only", d["expert"] != "base")
+        for i, ep in enumerate(read_episodes(d["art"].path)):
+            if only_ok and not ep.get("success"):
+                continue
+            out.append(
+                Transcript(slot[d["expert"]], ep["messages"], ep.get("tools") or [], f"{d['art'].id}:{i}")
+            )
+    if out or "policy" not in prepared.extra:
+        return out
+    from trace_cli.envs.registry import make_env
+    from trace_cli.envs.rollout import rollout
+    from trace_cli.models.refs import load_policy
+
+    m = prepared.config["moe"]
+    policy = load_policy(prepared.extra["policy"], seed=prepared.config["seed"])
+    jobs = [(s, 0) for s in prepared.extra["seeds"]]
+    envs = [(0, m["target"])] + [(slot[a["name"]], a["env"]) for a in prepared.extra["adapters"]]
+    for s, env in envs:
+        for r in rollout(policy, lambda env=env: make_env(env, store=store), jobs, max_turns=m["max_turns"]):
+            if s == 0 or r.success:
+                out.append(Transcript(s, r.messages, r.tools, f"{s}:{r.seed}"))
+    return out
+
+
+def _run_moe(prepared: Prepared, store: Store, path, doc, experts, gates_file: str) -> dict[str, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trace_cli.compose.adapters import check_targets, load_lora
+    from trace_cli.compose.moe import attach, load_gates, save_gates
+    from trace_cli.compose.moe_train import build_examples, routing_accuracy, split, train_gates
+
+    cfg, m, base = prepared.config, prepared.config["moe"], prepared.extra["base"]
+    names = [e["name"] for e in experts]
+    tok = AutoTokenizer.from_pretrained(base.path)
+    model = AutoModelForCausalLM.from_pretrained(base.path, dtype=torch.float32)
+    if torch.cuda.is_available():
+        model = model.to("cuda")
+    loras = [load_lora(path / e["dir"], e["name"]) for e in experts]
+    targets = check_targets(model, loras)
+    layers, trace = attach(model, loras, targets, context=m["context"], pad_id=tok.pad_token_id)
+    n_slots = len(names) + 1
+    summary: dict[str, Any] = {
+        "gated_layers": len(layers),
+        "gate_parameters": sum(x.gate.weight.numel() for x in layers.values()),
+    }
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    transcripts = _transcripts(prepared, store, names) if "gates" not in prepared.extra else []
+    test = []
+    if "gates" in prepared.extra:
+        g = prepared.extra["gates"]
+        load_gates(layers, g.path / gates_file, base_digest=base.digest, experts=names, origin=g.uri)
+        summary["gates_from"] = g.uri
+    else:
+        counts = {n: sum(1 for t in transcripts if t.slot == s) for s, n in enumerate(["base"] + names)}
+        empty = [n for n, c in counts.items() if c < 2]
+        if empty:
+            raise UsageError(
+                f"moe: too few transcripts to train and test the gates for {', '.join(empty)} "
+                f"(per expert: {counts}); widen moe.seeds or give moe.data",
+                hint="successful rollouts count for experts",
+            )
+        examples = build_examples(tok, transcripts, m["max_length"])
+        train, test = split(examples, m["held_out"], cfg["seed"])
+
+        def log(r):
+            if r["step"] % 20 == 0 or r["step"] == m["steps"]:
+                print(
+                    f"gates step {r['step']:>5}/{m['steps']}  loss {r['loss']:.4f}  token acc {r['token_accuracy']:.3f}",
+                    file=sys.stderr,
+                )
+
+        rows = train_gates(
+            model,
+            layers,
+            trace,
+            train,
+            n_slots=n_slots,
+            steps=m["steps"],
+            lr=m["learning_rate"],
+            batch_size=m["batch_size"],
+            aux_coef=m["aux_loss_coef"],
+            seed=cfg["seed"],
+            pad_id=pad,
+            log=log,
+        )
+        pq.write_table(pa.Table.from_pylist(rows, schema=GATE_METRICS_SCHEMA), path / GATE_METRICS_FILE)
+        summary.update(
+            transcripts=counts,
+            train_episodes=len(train),
+            held_out_episodes=len(test),
+            steps=len(rows),
+            final_loss=round(rows[-1]["loss"], 4) if rows else None,
+            train_s=round(rows[-1]["elapsed_s"], 1) if rows else 0.0,
+        )
+        summary.update(
+            routing_accuracy(model, trace, test, n_slots=n_slots, names=["base"] + names, pad_id=pad)
+        )
+    save_gates(path / gates_file, layers, base_digest=base.digest, experts=names)
+    doc["targets"] = targets
+    doc["gates"] = {"file": gates_file, "context": m["context"], "slots": ["base"] + names}
+    return summary
