@@ -79,6 +79,10 @@ def test_adapter_artifact(trained, model_dir):
     assert files == {
         "adapter/adapter_config.json",
         "adapter/adapter_model.safetensors",
+        # the adapter carries the tokenizer and the chat template it was trained with (issue 12)
+        "adapter/tokenizer.json",
+        "adapter/tokenizer_config.json",
+        "adapter/chat_template.jinja",
         "train_metrics.parquet",
         "train_config.json",
     }
@@ -455,6 +459,11 @@ def test_trains_on_a_synthesized_environment(model_dir, tmp_path, monkeypatch):
     env_art = store.resolve("store://environment/pv")
     cfg = grpo_config(model_dir, env="store://environment/pv", max_steps=1)
     del cfg["seeds"]
+    # lineage, not learning: one step of the random tiny model may see only constant-reward groups, which
+    # fails the run (test_constant_reward_run_fails_and_stores_nothing)
+    import trace_cli.stages.train as train_stage
+
+    monkeypatch.setattr(train_stage, "_nothing_learned", lambda rows, adapter_dir: None)
     out = execute("train", cfg, store, name="pv-adapter")
     art = out.main
     assert art.summary["capability"] == cap and art.summary["steps"] == 1
@@ -463,3 +472,25 @@ def test_trains_on_a_synthesized_environment(model_dir, tmp_path, monkeypatch):
         == yaml.safe_load((env_art.path / "environment.yaml").read_text())["seeds"]["train"]
     )
     assert env_art.as_input("environment") in art.manifest["inputs"]
+
+
+def test_constant_reward_run_fails_and_stores_nothing(model_dir, tmp_path, monkeypatch):
+    """Every group with a constant reward = nothing learned: exit 1 (CheckFailed), no adapter artifact."""
+    from trace_cli.errors import CheckFailed
+    from trace_cli.envs.shop import ShopEnv
+
+    monkeypatch.setattr(ShopEnv, "verify", _constant_verify(ShopEnv.verify))
+    store = Store(tmp_path / "store")
+    with pytest.raises(CheckFailed, match="constant reward") as e:
+        execute("train", grpo_config(model_dir, env="shop", max_steps=1), store)
+    assert e.value.exit_code == 1
+    assert not list((tmp_path / "store").glob("adapter/*/manifest.yaml"))
+
+
+def _constant_verify(real):
+    def verify(self):
+        b = real(self)
+        b.reward, b.success = 0.0, False
+        return b
+
+    return verify

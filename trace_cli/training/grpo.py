@@ -121,6 +121,7 @@ class TokenPolicy:
         max_context: int | None = None,
         seed: int = 0,
         generate_fn: Callable[[list[list[int]], int], tuple[list[list[int]], list | None]] | None = None,
+        reuse_cache: bool = True,
     ):
         self.model = model
         self.tok = tokenizer
@@ -132,12 +133,15 @@ class TokenPolicy:
         self.max_context = max_context or 1 << 30
         self.seed = seed
         self.generate_fn = generate_fn
-        self.end_token = tokenizer.eos_token or "<|im_end|>"
-        ids = {tokenizer.convert_tokens_to_ids(self.end_token)}
-        im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        if isinstance(im_end, int) and im_end != tokenizer.unk_token_id:
-            ids.add(im_end)
-        self.eos_ids = sorted(i for i in ids if isinstance(i, int))
+        self.reuse_cache = reuse_cache
+        from trace_cli.models.chat import eos_ids
+
+        # stop tokens: every eos id of the tokenizer and the generation config (never a literal); the turn
+        # end the template writes is the tokenizer's eos
+        self.end_token = tokenizer.eos_token
+        self.eos_ids = eos_ids(tokenizer, getattr(model, "generation_config", None))
+        if not self.end_token or not self.eos_ids:
+            raise ValueError("the tokenizer has no eos token: its end-of-turn token is unknown")
         self.eos_id = tokenizer.convert_tokens_to_ids(self.end_token)
         self._round = 0
         self._first: dict[str, list[int]] = {}  # first-prompt ids, shared by a group's rollouts of one seed
@@ -175,7 +179,9 @@ class TokenPolicy:
                 continue
             live.append((i, ctx, room))
         if live:
-            comps, lps = self._generate([c for _, c, _ in live], max(r for _, _, r in live))
+            comps, lps = self._generate(
+                [c for _, c, _ in live], max(r for _, _, r in live), [states[i] for i, _, _ in live]
+            )
             for j, (i, ctx, room) in enumerate(live):
                 ids = comps[j]
                 for k, t in enumerate(ids):
@@ -191,10 +197,25 @@ class TokenPolicy:
                 outs[i] = self.tok.decode(ids, skip_special_tokens=False)
         return outs
 
-    def _generate(self, ctxs: list[list[int]], max_new: int) -> tuple[list[list[int]], list | None]:
+    def _generate(
+        self, ctxs: list[list[int]], max_new: int, states: list | None = None
+    ) -> tuple[list[list[int]], list | None]:
         if self.generate_fn is not None:
             return self.generate_fn(ctxs, max_new)
         import torch
+
+        if states is not None and self.reuse_cache:
+            # each episode keeps its KV cache across turns: a turn feeds only the tokens added since the last
+            from trace_cli.models.kvcache import generate_reusing
+
+            gc = self._generation_config(max_new)
+            pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.eos_id
+            comps, caches = generate_reusing(
+                self.model, ctxs, [s.kv for s in states], pad, self.eos_ids, generation_config=gc
+            )
+            for s, kv in zip(states, caches, strict=True):
+                s.kv = kv
+            return comps, None
 
         pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.eos_id
         width = max(len(c) for c in ctxs)
@@ -204,6 +225,18 @@ class TokenPolicy:
         for r, c in enumerate(ctxs):
             ids[r, width - len(c) :] = torch.tensor(c, dtype=torch.long)
             att[r, width - len(c) :] = 1
+        self._generation_config(max_new)
+        with torch.no_grad():
+            out = self.model.generate(
+                input_ids=ids.to(device), attention_mask=att.to(device), generation_config=self._gen_config
+            )
+        new = out[:, width:].tolist()
+        return [[t for t in row] for row in new], None
+
+    def _generation_config(self, max_new: int):
+        import torch
+
+        pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.eos_id
         if self._gen_config is None:
             from transformers import GenerationConfig
 
@@ -221,12 +254,7 @@ class TokenPolicy:
             # a per-round seed: reruns (and resumed runs) reproduce, rounds, steps and ranks differ
             torch.manual_seed((self.seed * 1_000_003 + self._round) % (1 << 63))
         self._round += 1
-        with torch.no_grad():
-            out = self.model.generate(
-                input_ids=ids.to(device), attention_mask=att.to(device), generation_config=self._gen_config
-            )
-        new = out[:, width:].tolist()
-        return [[t for t in row] for row in new], None
+        return self._gen_config
 
 
 # ---------------------------------------------------------------------------------------------- sequences

@@ -50,33 +50,59 @@ def demonstrations(
 
 
 def tokenize(
-    tok, demos: list[dict[str, Any]], max_length: int, loss_on: str = "assistant"
+    tok, demos: list[dict[str, Any]], max_length: int | None, loss_on: str = "assistant"
 ) -> list[tuple[list[int], list[int]]]:
     """(input_ids, labels) per demo; with loss_on="assistant", labels are -100 outside assistant turns,
     with "all" every token after the first is a target (language modelling on whole transcripts: tool
-    results repeat ids from earlier turns, which is extra practice at copying). Too-long demos are dropped."""
-    from trace_cli.models.templates import qwen3_training_template
+    results repeat ids from earlier turns, which is extra practice at copying). Demos longer than
+    `max_length` (None: no limit) are dropped: `len(demos) - len(result)` is the count to report."""
+    from trace_cli.models.chat import template_for
 
+    template = template_for(tok)
+    marked = "generation" in template  # {% generation %} spans give the assistant mask directly
     out = []
     for d in demos:
-        enc = tok.apply_chat_template(
-            d["messages"],
-            tools=d["tools"],
-            chat_template=qwen3_training_template(),
-            tokenize=True,
-            return_dict=True,
-            return_assistant_tokens_mask=True,
-            enable_thinking=False,
-        )
-        ids = list(enc["input_ids"])
-        mask = list(enc["assistant_masks"])
-        if len(ids) > max_length or not any(mask):
+        if marked:
+            enc = tok.apply_chat_template(
+                d["messages"],
+                tools=d["tools"],
+                chat_template=template,
+                tokenize=True,
+                return_dict=True,
+                return_assistant_tokens_mask=True,
+                enable_thinking=False,
+            )
+            ids = list(enc["input_ids"])
+            mask = list(enc["assistant_masks"])
+        else:
+            ids, mask = prefix_mask(tok, d["messages"], d["tools"], template)
+        if (max_length is not None and len(ids) > max_length) or not any(mask):
             continue
         if loss_on == "all":
             out.append((ids, list(ids)))
         else:
             out.append((ids, [t if m else -100 for t, m in zip(ids, mask, strict=True)]))
     return out
+
+
+def prefix_mask(tok, messages, tools, template: str) -> tuple[list[int], list[int]]:
+    """Assistant mask for a template without `{% generation %}` markers (e.g. a model's own one): the tokens
+    between the prompt of assistant turn k and the rendering through turn k, up to and including the first
+    stop token (what the model generates). Needs a prefix-preserving template (checked before training)."""
+    from trace_cli.models.chat import assistant_spans, eos_ids, render
+
+    stop = set(eos_ids(tok))
+    ids = tok(render(tok, messages, tools, add_generation_prompt=False, template=template),
+              add_special_tokens=False)["input_ids"]
+    mask = [0] * len(ids)
+    for prompt, full in assistant_spans(tok, messages, tools, template):
+        a = len(tok(prompt, add_special_tokens=False)["input_ids"])
+        b = len(tok(full, add_special_tokens=False)["input_ids"])
+        for k in range(a, min(b, len(ids))):
+            mask[k] = 1
+            if ids[k] in stop:
+                break
+    return ids, mask
 
 
 def pad_batch(rows: list[tuple[list[int], list[int]]], pad: int):
