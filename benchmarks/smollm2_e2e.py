@@ -27,7 +27,9 @@ if str(REPO) not in sys.path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--store", type=Path, default=Path("/tmp/smollm2-e2e/store"))
-    ap.add_argument("--demos", type=int, default=70, help="SFT demonstrations (one per seed, full transcripts)")
+    ap.add_argument(
+        "--demos", type=int, default=70, help="SFT demonstrations (one per seed, full transcripts)"
+    )
     ap.add_argument("--batch-size", type=int, default=1)
     ap.add_argument("--epochs", type=float, default=1.0)
     ap.add_argument("--eval-seeds", type=int, default=50, help="held-out shop seeds 0:N")
@@ -55,7 +57,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {name}: {json.dumps(cfg)}", file=sys.stderr, flush=True)
         out = execute(stage, cfg, store, **kw)
         res[f"{name}_s"] = round(time.monotonic() - t, 1)
-        print(f"== {name}: {res[f'{name}_s']} s  {json.dumps(out.main.summary, default=str)[:800]}", file=sys.stderr)
+        print(
+            f"== {name}: {res[f'{name}_s']} s  {json.dumps(out.main.summary, default=str)[:800]}",
+            file=sys.stderr,
+        )
         return out.main
 
     base = step("import", "model", {"source": "smollm2-135m-instruct"}, name="smollm2")

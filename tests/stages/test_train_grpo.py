@@ -476,8 +476,8 @@ def test_trains_on_a_synthesized_environment(model_dir, tmp_path, monkeypatch):
 
 def test_constant_reward_run_fails_and_stores_nothing(model_dir, tmp_path, monkeypatch):
     """Every group with a constant reward = nothing learned: exit 1 (CheckFailed), no adapter artifact."""
-    from trace_cli.errors import CheckFailed
     from trace_cli.envs.shop import ShopEnv
+    from trace_cli.errors import CheckFailed
 
     monkeypatch.setattr(ShopEnv, "verify", _constant_verify(ShopEnv.verify))
     store = Store(tmp_path / "store")

@@ -92,8 +92,9 @@ def prefix_mask(tok, messages, tools, template: str) -> tuple[list[int], list[in
     from trace_cli.models.chat import assistant_spans, eos_ids, render
 
     stop = set(eos_ids(tok))
-    ids = tok(render(tok, messages, tools, add_generation_prompt=False, template=template),
-              add_special_tokens=False)["input_ids"]
+    ids = tok(
+        render(tok, messages, tools, add_generation_prompt=False, template=template), add_special_tokens=False
+    )["input_ids"]
     mask = [0] * len(ids)
     for prompt, full in assistant_spans(tok, messages, tools, template):
         a = len(tok(prompt, add_special_tokens=False)["input_ids"])
