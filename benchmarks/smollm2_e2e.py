@@ -52,13 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     res: dict = {"command": " ".join(["python", *sys.argv]), "threads": a.threads}
     t_all = time.monotonic()
 
-    def step(name, stage, cfg, **kw):
+    def step(label, stage, cfg, **kw):
         t = time.monotonic()
-        print(f"== {name}: {json.dumps(cfg)}", file=sys.stderr, flush=True)
+        print(f"== {label}: {json.dumps(cfg)}", file=sys.stderr, flush=True)
         out = execute(stage, cfg, store, **kw)
-        res[f"{name}_s"] = round(time.monotonic() - t, 1)
+        res[f"{label}_s"] = round(time.monotonic() - t, 1)
         print(
-            f"== {name}: {res[f'{name}_s']} s  {json.dumps(out.main.summary, default=str)[:800]}",
+            f"== {label}: {res[f'{label}_s']} s  {json.dumps(out.main.summary, default=str)[:800]}",
             file=sys.stderr,
         )
         return out.main
