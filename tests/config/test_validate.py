@@ -65,9 +65,9 @@ def test_schema_and_step_errors_are_reported_together(tmp_path):
     errs = _errors(r.stderr)
     assert sorted(errs) == sorted(
         [
-            "nme: unknown key (allowed: description, kind, name, steps, version)",
+            "nme: unknown key; did you mean 'name'? (allowed: description, kind, name, steps, version)",
             "colour: unknown key (allowed: description, kind, name, steps, version)",
-            "steps[1].use: unknown key (allowed: id, name, uses, with)",
+            "steps[1].use: unknown key; did you mean 'uses'? (allowed: id, name, uses, with)",
             "steps[1]: 'uses' is a required property",
             "steps[0].with: 'path' is a required property",
             "steps[3].id: duplicate step id 'a' (also steps[0])",
@@ -87,7 +87,7 @@ def test_unknown_keys_everywhere(tmp_path):
     assert r.exit_code == 2
     assert sorted(_errors(r.stderr)) == [
         "colour: unknown key (allowed: format, kind, on_error, path, source)",
-        "paht: unknown key (allowed: format, kind, on_error, path, source)",
+        "paht: unknown key; did you mean 'path'? (allowed: format, kind, on_error, path, source)",
     ]
 
 

@@ -64,8 +64,7 @@ def diagnose(
     store_dir,
 ):
     """Contrastive capability analysis: label, aggregate over runs, select (writes a diagnosis artifact)."""
-    import yaml
-
+    from trace_cli.config.loading import load_artifact_yaml
     from trace_cli.stages.base import execute
 
     cfg = {
@@ -97,7 +96,7 @@ def diagnose(
         cfg["llm"] = llm
     out = execute("diagnose", cfg, open_store(store_dir), name=name, force=force)
     a = out.main
-    doc = yaml.safe_load((a.path / "capabilities.yaml").read_text())
+    doc = load_artifact_yaml(a.path / "capabilities.yaml")
     if as_json:
         echo_json({"id": a.id, "uri": a.uri, "skipped": out.skipped, **doc})
         return

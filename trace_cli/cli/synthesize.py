@@ -136,8 +136,7 @@ def synthesize(
     store_dir,
 ):
     """Synthesize, check and calibrate one training environment per diagnosed capability."""
-    import yaml
-
+    from trace_cli.config.loading import load_artifact_yaml
     from trace_cli.errors import CheckFailed, UsageError
     from trace_cli.stages.base import execute
     from trace_cli.stages.synthesize import read_environment
@@ -145,7 +144,7 @@ def synthesize(
     st = open_store(store_dir)
     if not capabilities:
         diag = st.resolve(diagnosis, kind="diagnosis")
-        doc = yaml.safe_load((diag.path / "capabilities.yaml").read_text(encoding="utf-8"))
+        doc = load_artifact_yaml(diag.path / "capabilities.yaml")
         capabilities = [c["name"] for c in doc.get("selected") or []]
         if not capabilities:
             raise UsageError(f"diagnosis {diag.uri} selects no capability; nothing to synthesize")

@@ -87,11 +87,26 @@ def train(
     for a in applied:
         if main:
             info(f"override {a['key']}: {a['old']!r} -> {a['new']!r}")
-    for req in ("method", "env", "model"):
-        if req not in cfg:
-            from trace_cli.errors import UsageError
+    missing = [req for req in ("method", "env", "model") if req not in cfg]
+    if config_file or overrides:
+        # the file's (or --set's) own mistakes first, every one with its key, not a secondary "--model is
+        # required" when the file spells it `modle`
+        from trace_cli.config.schemas import validate
+        from trace_cli.errors import UsageError, ValidationError
+        from trace_cli.stages import config_schema
 
-            raise UsageError(f"--{req} is required (or set it in --config)")
+        try:
+            doc = {k: v for k, v in cfg.items() if v is not None or k == "seed"}
+            validate(doc, config_schema("train"), source=config_file or "--set")
+        except ValidationError as e:
+            also = (
+                f"\n(or give {', '.join(f'--{m}' for m in missing)} on the command line)" if missing else ""
+            )
+            raise UsageError(e.message + also) from e
+    if missing:
+        from trace_cli.errors import UsageError
+
+        raise UsageError(f"--{missing[0]} is required (or set it in --config)")
     out = execute(
         "train", cfg, open_store(store_dir), name=name if main else None, overrides=applied, force=force
     )

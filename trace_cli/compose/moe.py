@@ -35,7 +35,8 @@ class RoutingTrace:
     collect_logits: bool = False  # training: every layer's gate logits, in call order
     record: bool = False  # evaluation/tests: every layer's top-1 choices, in call order
     mask: torch.Tensor | None = None  # flat bool mask of real tokens for the load-balancing loss
-    context: bool = True  # gates also read the running mean of their layer's input over the sequence
+    context: bool = True  # gates also read a moving average of their layer's input over the sequence
+    horizon: float = 64.0  # tokens: the moving average's time constant
     pad_id: int | None = None
     fresh: bool = True  # the current forward starts a new sequence (no KV cache before it)
     new_mask: torch.Tensor | None = None  # (B, T) 1 for the current forward's real tokens, 0 for padding
@@ -66,16 +67,36 @@ class RoutingTrace:
             self.state = {}
 
     def context_mean(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        """Causal mean of x over the sequence's real tokens so far (x: B, T, d), carried across cached steps."""
+        """Exponential moving average of x over the sequence's real tokens so far (x: B, T, d), horizon
+        `horizon` tokens, bias-corrected; carried across KV-cached steps. Recent tokens dominate, so the
+        context follows the conversation when it moves to another task."""
+        a = 1.0 - 1.0 / self.horizon
         m = self.new_mask
         m = torch.ones(x.shape[:2], device=x.device, dtype=x.dtype) if m is None else m.to(x.device, x.dtype)
-        s = (x * m.unsqueeze(-1)).cumsum(1)
-        c = m.cumsum(1).unsqueeze(-1)
         prev = None if self.fresh else self.state.get(name)
-        if prev is not None and prev[0].shape[0] == x.shape[0]:
-            s, c = s + prev[0].unsqueeze(1), c + prev[1].unsqueeze(1)
-        self.state[name] = (s[:, -1].detach(), c[:, -1].detach())
-        return s / c.clamp(min=1.0)
+        bsz, n, d = x.shape
+        if prev is not None and prev[0].shape[0] == bsz:
+            ema, cnt = prev
+        else:
+            ema, cnt = x.new_zeros(bsz, d), x.new_zeros(bsz, 1)
+        xm = x * m.unsqueeze(-1)
+        out = []
+        for c0 in range(0, n, _CHUNK):  # exact chunked scan: a (C x C) decay matrix per chunk
+            xc, mc = xm[:, c0 : c0 + _CHUNK], m[:, c0 : c0 + _CHUNK]
+            k = xc.shape[1]
+            steps = torch.arange(k, device=x.device, dtype=x.dtype)
+            decay = torch.tril(a ** (steps.view(-1, 1) - steps.view(1, -1)).clamp(min=0))
+            decay = decay * torch.tril(torch.ones(k, k, device=x.device, dtype=x.dtype))
+            carry = a ** (steps + 1)
+            e = (1 - a) * torch.einsum("ij,bjd->bid", decay, xc) + carry.view(1, -1, 1) * ema.unsqueeze(1)
+            cn = cnt + mc.cumsum(1)
+            out.append(e / (1 - a ** cn.unsqueeze(-1)).clamp(min=1e-6))
+            ema, cnt = e[:, -1], cn[:, -1:]
+        self.state[name] = (ema.detach(), cnt.detach())
+        return torch.cat(out, 1)
+
+
+_CHUNK = 128
 
 
 class GatedLoraLinear(nn.Module):
@@ -147,10 +168,16 @@ class GatedLoraLinear(nn.Module):
 
 
 def attach(
-    model, experts: list[LoraWeights], targets: list[str], *, context: bool = True, pad_id: int | None = None
+    model,
+    experts: list[LoraWeights],
+    targets: list[str],
+    *,
+    context: bool = True,
+    horizon: float = 64.0,
+    pad_id: int | None = None,
 ) -> tuple[dict[str, GatedLoraLinear], RoutingTrace]:
     """Replace each target linear of `model` by a GatedLoraLinear; freeze everything but the gates."""
-    trace = RoutingTrace(context=context, pad_id=pad_id)
+    trace = RoutingTrace(context=context, horizon=horizon, pad_id=pad_id)
     layers: dict[str, GatedLoraLinear] = {}
     mods = dict(model.named_modules())
     for p in model.parameters():

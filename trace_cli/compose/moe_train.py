@@ -172,7 +172,7 @@ def train_gates(
                 ).mean()
             row = {
                 "step": step,
-                "loss": float(loss),
+                "loss": float(loss.detach()),
                 "ce": float(ce),
                 "aux": float(aux),
                 "token_accuracy": float(acc),

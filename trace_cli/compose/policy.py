@@ -47,7 +47,14 @@ def load_model(path: Path, base_dir: Path, *, base_digest: str | None = None):
             from trace_cli.compose.moe import attach, load_gates
 
             gates = doc["gates"]
-            layers, trace = attach(model, experts, targets, context=gates["context"], pad_id=tok.pad_token_id)
+            layers, trace = attach(
+                model,
+                experts,
+                targets,
+                context=gates["context"],
+                horizon=gates.get("horizon", 64.0),
+                pad_id=tok.pad_token_id,
+            )
             load_gates(
                 layers,
                 Path(path) / gates["file"],
@@ -68,6 +75,7 @@ class RouterPolicy(HFPolicy):
     """The paper's task router in front of an HF model whose weights it re-merges per routing decision."""
 
     def __init__(self, model, tokenizer, doc: dict[str, Any], merger, **kw):
+        kw["reuse_cache"] = False  # a saved KV cache was computed under another merge of the weights
         super().__init__(model, tokenizer, **kw)
         from trace_cli.compose.router import Skill, label_ids
 
@@ -126,9 +134,7 @@ class RouterPolicy(HFPolicy):
                 render(self.tok, states[i].messages, states[i].tools, add_generation_prompt=True) for i in idx
             ]
             for i, (text, ids, prompt_ids) in zip(idx, super().generate(prompts), strict=True):
-                states[i].gen_tokens += len(ids)
-                if self.record_tokens:
-                    states[i].turns.append({"prompt_ids": prompt_ids, "completion_ids": ids})
+                self._account(states[i], prompt_ids, ids)
                 out[i] = text
         return out  # type: ignore[return-value]
 
@@ -158,6 +164,10 @@ def load_composition_policy(
     model, tok, doc, extra = load_model(path, base_dir, base_digest=base_digest)
     if doc["method"] == "router":
         return RouterPolicy(model, tok, doc, extra["merger"], name=name, **kw)
+    if doc["method"] == "moe" and doc["gates"]["context"]:
+        # the gates' running context lives with one forward's batch rows, not with an episode's saved KV
+        # cache: every turn is prefilled afresh (generate still caches within the turn)
+        kw["reuse_cache"] = False
     policy = HFPolicy(model, tok, name=name, **kw)
     policy.routing = extra  # moe: the gated layers and their trace (tests read the routing decisions)
     return policy

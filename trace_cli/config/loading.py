@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import copy
+import errno
 import json
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +22,51 @@ def _yaml_load(text: str) -> Any:
     return safe_yaml.load(text)
 
 
+_SPECIAL = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def check_input_file(path: str | Path, *, expected: str, allow_dir: bool = False) -> os.stat_result:
+    """Stat an input path and refuse (exit 2, naming the path and the way out) what is not a readable regular
+    file: a missing path, a dangling link and a symlink loop each named as such, and a FIFO, socket or device,
+    which would block or never end if read. Directories pass only with `allow_dir`."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise InputError(
+                f"{p}: symbolic link loop (too many levels of symbolic links); expected {expected}",
+                hint="point the link at a real file, or pass the file's own path",
+            ) from e
+        if e.errno == errno.ENOENT and p.is_symlink():
+            raise NotFoundError(
+                f"{p}: dangling symbolic link (its target {os.readlink(p)} does not exist); expected {expected}"
+            ) from e
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            raise NotFoundError(f"{p}: no such file") from e
+        raise InputError(f"{p}: cannot read ({e.strerror}); expected {expected}") from e
+    if stat.S_ISDIR(st.st_mode):
+        if allow_dir:
+            return st
+        raise InputError(f"{p}: is a directory, expected {expected}")
+    if not stat.S_ISREG(st.st_mode):
+        what = next((name for test, name in _SPECIAL if test(st.st_mode)), "not a regular file")
+        raise InputError(
+            f"{p}: is {what}, not a regular file; expected {expected}",
+            hint="save the data to a file first and pass that file",
+        )
+    return st
+
+
 def load_document(path: str | Path) -> Any:
     """Load one YAML or JSON file; syntax errors name the file, line and column."""
     p = Path(path)
-    if not p.exists():
-        raise NotFoundError(f"{p}: no such file")
-    if p.is_dir():
-        raise InputError(f"{p}: is a directory, expected a YAML or JSON file")
-    if not p.is_file():
-        raise InputError(f"{p}: not a regular file, expected a YAML or JSON file")
-    size = p.stat().st_size
+    size = check_input_file(p, expected="a YAML or JSON file").st_size
     if size > safe_yaml.MAX_BYTES:
         raise InputError(
             f"{p}: {size:,} bytes; config and recipe files are limited to "
@@ -40,6 +78,8 @@ def load_document(path: str | Path) -> Any:
         raise InputError(
             f"{p}: not a UTF-8 text file (byte {e.start}: {e.reason}); expected YAML or JSON"
         ) from e
+    except OSError as e:
+        raise InputError(f"{p}: cannot read ({e.strerror})") from e
     try:
         if p.suffix == ".json":
             return json.loads(text)
@@ -116,3 +156,24 @@ def apply_overrides(doc: Any, overrides: list[str]) -> tuple[Any, list[dict[str,
             node[last] = value
         applied.append({"key": text.split("=", 1)[0].strip(), "old": old, "new": value})
     return out, applied
+
+
+def load_artifact_yaml(path: str | Path) -> Any:
+    """A YAML file inside an artifact (capabilities.yaml, environment.yaml) through the hardened loader; a
+    damaged or hand-edited one is exit 2 naming the file and the way out, never a traceback."""
+    p = Path(path)
+    fix = (
+        "the artifact is damaged: restore it, or delete it and rerun the step that made it; "
+        "`trace store verify` lists every damaged artifact"
+    )
+    try:
+        return safe_yaml.load(p.read_bytes())
+    except FileNotFoundError as e:
+        raise InputError(f"{p}: missing from its artifact", hint=fix) from e
+    except OSError as e:
+        raise InputError(f"{p}: cannot read ({e.strerror})", hint=fix) from e
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise InputError(f"{where}: invalid YAML: {problem}", hint=fix) from e

@@ -85,8 +85,15 @@ def _messages(error) -> list[tuple[list[Any], str]]:
 
         extra = [k for k in error.instance if k not in allowed and not any(re.search(p, k) for p in patterns)]
         if extra:
+            from difflib import get_close_matches
+
             hint = f" (allowed: {', '.join(sorted(allowed))})" if allowed else ""
-            return [(path + [k], f"unknown key{hint}") for k in extra]
+            out = []
+            for k in extra:
+                near = get_close_matches(str(k), sorted(allowed), n=1, cutoff=0.6)
+                dym = f"; did you mean {near[0]!r}?" if near else ""
+                out.append((path + [k], f"unknown key{dym}{hint}"))
+            return out
     if error.validator == "unevaluatedProperties" and isinstance(error.instance, dict):
         return [(path, error.message)]
     if error.validator in ("oneOf", "anyOf") and error.context:
@@ -155,12 +162,9 @@ def validate_file(path: str | Path) -> str:
     p = Path(path)
     if p.suffix == ".jsonl":
         errors: list[str] = []
-        if not p.exists():
-            from trace_cli.errors import NotFoundError
+        from trace_cli.config.loading import check_input_file
 
-            raise NotFoundError(f"{p}: no such file")
-        if p.is_dir():
-            raise InputError(f"{p}: is a directory, expected a JSONL file")
+        check_input_file(p, expected="a JSONL file")
         try:
             text = p.read_text(encoding="utf-8")
         except UnicodeDecodeError as e:

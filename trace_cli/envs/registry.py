@@ -160,11 +160,15 @@ def _module_source(art: Any, module: Any) -> str:
         raise UsageError(f"{art.uri}: environment.yaml has no module file name")
     path = (art.path / module).resolve()
     if not path.is_relative_to(art.path.resolve()) or path.is_symlink():
-        raise UsageError(f"{art.uri}: the module {module!r} is not a file inside the artifact; refusing to run it")
+        raise UsageError(
+            f"{art.uri}: the module {module!r} is not a file inside the artifact; refusing to run it"
+        )
     rel = path.relative_to(art.path.resolve()).as_posix()
     listed = {f["path"]: f["sha256"] for f in art.manifest.get("files", [])}
     if rel not in listed:
-        raise UsageError(f"{art.uri}: the module {rel} is not listed in the artifact's manifest; refusing to run it")
+        raise UsageError(
+            f"{art.uri}: the module {rel} is not listed in the artifact's manifest; refusing to run it"
+        )
     data = path.read_bytes()
     if hashlib.sha256(data).hexdigest() != listed[rel]:
         raise UsageError(
@@ -181,7 +185,7 @@ def _load_from_store(store: Any, ref: str, **params: Any) -> Environment:
     import json
     from pathlib import Path
 
-    import yaml
+    from trace_cli.config.loading import load_artifact_yaml
 
     if isinstance(store, (str, Path)):
         from trace_cli.store import Store
@@ -190,7 +194,7 @@ def _load_from_store(store: Any, ref: str, **params: Any) -> Environment:
     if not hasattr(store, "resolve"):
         raise NotFoundError(f"environment artifact {ref!r} not found: {store!r} is not a store")
     art = store.resolve(ref, kind="environment")
-    doc = yaml.safe_load((art.path / "environment.yaml").read_text(encoding="utf-8"))
+    doc = load_artifact_yaml(art.path / "environment.yaml")
     # The stored params are the effective knob values (reproducible even if a template's levels change);
     # asking for another `level` means that level's knobs, so the stored ones are dropped then.
     merged = dict(params) if "level" in params else {**(doc.get("params") or {}), **params}

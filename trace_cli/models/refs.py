@@ -97,6 +97,30 @@ def check_hf_dir(path: Path) -> None:
             f"{path}: model directory has no tokenizer ({', '.join(TOKENIZER_FILES[:2])} missing)",
             hint="save the tokenizer next to the model with tokenizer.save_pretrained(dir)",
         )
+    check_safe_weights(path)
+
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+
+def check_safe_weights(path: Path) -> None:
+    """Weights are loaded from safetensors only: a pickle (pytorch_model.bin, *.pt, *.pkl) can run arbitrary
+    code when unpickled, so a directory with only pickled weights is refused (exit 2) with the way out."""
+    if any(path.glob("*.safetensors")):
+        return
+    pickled = sorted(p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES and p.is_file())
+    if pickled:
+        raise UsageError(
+            f"{path}: the weights are pickled ({', '.join(pickled[:3])}); trace loads safetensors only, "
+            "because unpickling a file can run arbitrary code",
+            hint='convert them once, in an environment you trust: python -c "from transformers import '
+            "AutoModelForCausalLM as M; M.from_pretrained('DIR').save_pretrained('DIR', "
+            'safe_serialization=True)"',
+        )
+    raise UsageError(
+        f"{path}: model directory has no weights (no *.safetensors file)",
+        hint="save the model with model.save_pretrained(dir) (safetensors), or pass the directory that holds them",
+    )
 
 
 def resolve_model(ref: str, store: Store | None = None) -> ModelRef:

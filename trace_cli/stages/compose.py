@@ -339,7 +339,9 @@ def _run_moe(prepared: Prepared, store: Store, path, doc, experts, gates_file: s
         model = model.to("cuda")
     loras = [load_lora(path / e["dir"], e["name"]) for e in experts]
     targets = check_targets(model, loras)
-    layers, trace = attach(model, loras, targets, context=m["context"], pad_id=tok.pad_token_id)
+    layers, trace = attach(
+        model, loras, targets, context=m["context"], horizon=m["context_tokens"], pad_id=tok.pad_token_id
+    )
     n_slots = len(names) + 1
     summary: dict[str, Any] = {
         "gated_layers": len(layers),
@@ -399,5 +401,10 @@ def _run_moe(prepared: Prepared, store: Store, path, doc, experts, gates_file: s
         )
     save_gates(path / gates_file, layers, base_digest=base.digest, experts=names)
     doc["targets"] = targets
-    doc["gates"] = {"file": gates_file, "context": m["context"], "slots": ["base"] + names}
+    doc["gates"] = {
+        "file": gates_file,
+        "context": m["context"],
+        "horizon": float(m["context_tokens"]),
+        "slots": ["base"] + names,
+    }
     return summary

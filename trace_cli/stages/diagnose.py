@@ -9,7 +9,6 @@ import random
 import sys
 from collections import Counter
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -18,8 +17,10 @@ import yaml
 
 from trace_cli.analysts.aggregate import run_stats, select
 from trace_cli.analysts.base import Candidate
+from trace_cli.config import safe_yaml
+from trace_cli.config.loading import load_document
 from trace_cli.config.schemas import validate
-from trace_cli.errors import UsageError
+from trace_cli.errors import CheckFailed, NotFoundError, UsageError
 from trace_cli.stages.base import Prepared, checked_config
 from trace_cli.store import Artifact, Store
 from trace_cli.store.hashing import sha256_json
@@ -70,14 +71,22 @@ def load_catalog(path: str | None = None) -> list[Candidate]:
     if path in (None, "catalog"):
         text = (resources.files("trace_cli") / "catalog" / "capabilities.yaml").read_text(encoding="utf-8")
         source = "catalog"
+        doc = safe_yaml.load(text)
     else:
-        p = Path(path)
-        if not p.is_file():
+        source = str(path)
+        try:  # the hardened loader: duplicate keys, alias bombs and deep nesting are errors naming the file
+            doc = load_document(path)
+        except NotFoundError as e:
             raise UsageError(
                 f"candidates: {path}: no such file (use 'catalog', 'discover' or a capabilities YAML)"
-            )
-        text, source = p.read_text(encoding="utf-8"), str(p)
-    doc = yaml.safe_load(text)
+            ) from e
+        except UsageError as e:
+            raise UsageError(
+                f"candidates: {e.message}",
+                hint=e.hint
+                or "a candidates file is a capabilities YAML (`kind: capabilities`, a `capabilities:` list "
+                "of name + description); see trace_cli/catalog/capabilities.yaml",
+            ) from e
     validate(doc, "capabilities.v1.json", source=source)
     return [
         Candidate(
@@ -197,6 +206,13 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
         for lb in run_labels:
             labels.append((lb, w.get(lb.episode_id, 0.0)))
     n_err = sum(1 for lb, _ in labels if lb.label == "ERROR")
+    if labels and n_err > len(labels) / 2:
+        # a diagnosis built on the few labels left would look like a result and be noise (issue 12)
+        raise CheckFailed(
+            f"diagnose: {n_err} of {len(labels)} labels are ERROR (the {cfg['analyst']} analyst gave no usable "
+            "answer for most of them); no diagnosis stored",
+            hint="use a stronger analyst model (analyst: openai / a larger hf model) or analyst: rules",
+        )
     if n_err:
         print(
             f"warning: {n_err} of {len(labels)} labels are ERROR (the {cfg['analyst']} analyst gave no usable "

@@ -336,6 +336,12 @@ def _json_document(data: bytes, path: Path, what: str, hint: str | None = None) 
         raise InputError(
             f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg}); is the file truncated?", hint=hint
         ) from e
+    except RecursionError as e:
+        raise InputError(f"{path}: {_TOO_DEEP}", hint=_TOO_DEEP_FIX) from e
+
+
+_TOO_DEEP = "JSON nested too deeply to read (deeper than ~900 levels of arrays/objects)"
+_TOO_DEEP_FIX = "no τ²-bench or JSONL episode nests that deep: flatten the value or drop the record"
 
 
 def _parse_tau2(path: Path, source: str) -> tuple[list[tuple[dict, list[tuple]]], list[RecordError]]:
@@ -584,43 +590,72 @@ def _parse_jsonl(path: Path, source: str) -> tuple[list[tuple[dict, list[tuple]]
         if not line:
             continue
         try:
-            rec = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            rec = _NOT_PARSED
-        out = None
-        if rec is not _NOT_PARSED:
-            try:
-                out = _jsonl_record(rec, lineno, source, seen, fast=True)
-            except _Inexact:
-                pass
+            out = _jsonl_line(line, lineno, source, seen, data, path)
+        except RecursionError:
+            out = RecordError(f"line {lineno}", [_TOO_DEEP], str(line[:200], "utf-8", "replace") + "…")
         if out is None:
-            # what orjson rejects or may have changed: `json`, exactly as before (values and messages)
-            try:
-                text = str(line, "utf-8")
-            except UnicodeDecodeError:
-                _decode(data, path)  # raises, naming the file's first bad byte (the earlier lines were good)
-                raise
-            if not text.strip():
-                continue  # only Unicode white space
-            try:
-                rec = json.loads(text)
-            except json.JSONDecodeError as e:
-                bad.append(
-                    RecordError(
-                        f"line {lineno}",
-                        [f"not valid JSON ({e.msg} at column {e.colno}); truncated line?"],
-                        text,
-                    )
-                )
-                continue
-            out = _jsonl_record(rec, lineno, source, seen, fast=False)
+            continue
         if isinstance(out, RecordError):
             bad.append(out)
         else:
             good.append(out)
     if not good and not bad:  # every line blank (white space, including Unicode's)
         raise InputError(f"{path}: the file is empty; expected one JSON episode per line")
+    if not good and bad[0].problems[0].startswith("not valid JSON") and data.lstrip()[:1] in (b"{", b"["):
+        _not_jsonl(data, path)
     return good, bad
+
+
+def _not_jsonl(data: bytes, path: Path) -> None:
+    """No line is a good record and the file starts like a JSON document: if it is one (pretty-printed, or a
+    τ²-bench results file), say so instead of listing thousands of bad lines."""
+    try:
+        doc = orjson.loads(data)
+    except (orjson.JSONDecodeError, RecursionError):
+        return
+    if isinstance(doc, dict) and "simulations" in doc:
+        raise InputError(
+            f"{path}: this looks like a τ²-bench results file (a JSON object with `simulations`), "
+            "not JSON Lines",
+            hint=f"use `trace ingest tau2 {path}`",
+        )
+    if isinstance(doc, list):
+        raise InputError(
+            f"{path}: one JSON array spread over several lines, not JSON Lines (one episode object per line)",
+            hint="write one episode per line, e.g. `jq -c '.[]' FILE > episodes.jsonl`",
+        )
+    raise InputError(
+        f"{path}: one JSON document spread over several lines, not JSON Lines (one episode object per line)",
+        hint="write each episode as one compact line, e.g. `jq -c . FILE > episodes.jsonl`",
+    )
+
+
+def _jsonl_line(line: memoryview, lineno: int, source: str, seen: dict[str, int], data: bytes, path: Path):
+    """One line: None when blank, else the good record or its RecordError."""
+    try:
+        rec = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        rec = _NOT_PARSED
+    if rec is not _NOT_PARSED:
+        try:
+            return _jsonl_record(rec, lineno, source, seen, fast=True)
+        except _Inexact:
+            pass
+    # what orjson rejects or may have changed: `json`, exactly as before (values and messages)
+    try:
+        text = str(line, "utf-8")
+    except UnicodeDecodeError:
+        _decode(data, path)  # raises, naming the file's first bad byte (the earlier lines were good)
+        raise
+    if not text.strip():
+        return None  # only Unicode white space
+    try:
+        rec = json.loads(text)
+    except json.JSONDecodeError as e:
+        return RecordError(
+            f"line {lineno}", [f"not valid JSON ({e.msg} at column {e.colno}); truncated line?"], text
+        )
+    return _jsonl_record(rec, lineno, source, seen, fast=False)
 
 
 def _lines(data: bytes) -> Iterator[memoryview]:
@@ -747,7 +782,10 @@ def _run(prepared: Prepared, store: Store, *, name, overrides, replace) -> dict[
     cfg = prepared.config
     path = Path(cfg["path"])
     parse = _parse_tau2 if cfg["format"] == "tau2" else _parse_jsonl
-    good, rejected = parse(path, cfg["source"])
+    try:
+        good, rejected = parse(path, cfg["source"])
+    except RecursionError as e:  # a value nested deeper than the parsers/validator can recurse
+        raise InputError(f"{path}: {_TOO_DEEP}", hint=_TOO_DEEP_FIX) from e
     excluded = [b for b in rejected if b.excluded]
     bad = [b for b in rejected if not b.excluded]
     if bad and cfg["on_error"] == "fail":
@@ -762,7 +800,14 @@ def _run(prepared: Prepared, store: Store, *, name, overrides, replace) -> dict[
             f", {len(excluded)} excluded as τ²-bench excludes them" if excluded else ""
         )
         shown = "\n".join(f"  {b}" for b in (excluded + bad)[:5])
-        raise InputError(f"{path}: no records to ingest ({why}); nothing was written:\n{shown}")
+        more = f"\n  ... and {len(rejected) - 5} more" if len(rejected) > 5 else ""
+        raise InputError(
+            f"{path}: no records to ingest ({why}); nothing was written:\n{shown}{more}",
+            hint="an artifact (and its rejects.jsonl) needs at least one good record; every reason is above"
+            if len(rejected) <= 5
+            else "an artifact (and its rejects.jsonl) needs at least one good record; "
+            "run without --on-error skip to see the first 20 reasons",
+        )
     with store.writer(
         "rollouts",
         NAME,

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
+from trace_cli.config.loading import load_artifact_yaml
 from trace_cli.config.schemas import validate
 from trace_cli.errors import CheckFailed, NotFoundError, UsageError
 from trace_cli.stages.base import Prepared, checked_config
@@ -61,9 +62,10 @@ register_table(TableSpec("calibration", "environment", CALIBRATION_FILE, CALIBRA
 
 
 def _seed_range(spec: str, what: str) -> tuple[int, int]:
+    from trace_cli.stages.eval import check_seed_range
+
     a, b = (int(x) for x in spec.split(":"))
-    if b <= a:
-        raise UsageError(f"seeds.{what}: {spec!r} is empty; expected A:B with A < B (B exclusive)")
+    check_seed_range(a, b, spec, f"seeds.{what}")
     return a, b
 
 
@@ -132,7 +134,7 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
     cfg = checked_config(NAME, config)
     cap = cfg["capability"]
     diag = store.resolve(cfg["diagnosis"], kind="diagnosis")
-    doc = yaml.safe_load((diag.path / "capabilities.yaml").read_text(encoding="utf-8"))
+    doc = load_artifact_yaml(diag.path / "capabilities.yaml")
     selected = {c["name"]: c for c in doc.get("selected") or []}
     if cap not in selected:
         sel = ", ".join(selected) or "none"
@@ -615,4 +617,4 @@ def _samples(results: list[Any], n: int) -> list[dict[str, Any]]:
 
 
 def read_environment(art: Artifact) -> dict[str, Any]:
-    return yaml.safe_load(Path(art.path / ENV_FILE).read_text(encoding="utf-8"))
+    return load_artifact_yaml(Path(art.path / ENV_FILE))

@@ -58,16 +58,18 @@ class Artifact:
 def file_input(role: str, path: str | Path) -> dict[str, Any]:
     """An input that is a plain file, identified by its content (not its path). A directory is identified by
     the relative paths and contents of all its files."""
+    import stat
+
+    from trace_cli.config.loading import check_input_file
+
     p = Path(path)
-    if p.is_dir():
+    if stat.S_ISDIR(check_input_file(p, expected="an input file", allow_dir=True).st_mode):
         import hashlib
 
         h = hashlib.sha256()
         for f in sorted(x for x in p.rglob("*") if x.is_file()):
             h.update(f"{f.relative_to(p).as_posix()}\0{sha256_file(f)}\n".encode())
         return {"role": role, "path": str(p.resolve()), "digest": h.hexdigest()}
-    if not p.is_file():
-        raise NotFoundError(f"{p}: no such file")
     return {"role": role, "path": str(p.resolve()), "digest": sha256_file(p)}
 
 
