@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import CAPS, TARGET
+from compose_helpers import CAPS, TARGET
 from trace_testing import run_cli
 
 from trace_cli.stages.base import execute
