@@ -191,6 +191,8 @@ def test_trials_with_sampling_on_the_tiny_model(tiny_model, tmp_path):
     )
     s = doc["summary"]
     assert s["tasks"] == 2 and s["episodes"] == 6
+    # an untrained model never stops: every turn hits max_new_tokens, and the summary says so (issue 12)
+    assert s["truncated_turns"] > 0 and "hit max_new_tokens (8)" in s["warnings"][0]
     assert set(s["pass^k"]) == {"1", "2", "3"}
     assert all(set(f["pass^k"]) == {"1", "2", "3"} for f in s["families"].values())
     per_seed = _sql(

@@ -125,6 +125,7 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
         seed=cfg["seed"],
     )
     jobs = [(s, t) for s in seeds for t in range(cfg["trials"])]
+    import sys
     import time
 
     t0 = time.monotonic()
@@ -197,6 +198,17 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
     summary["wall_s"] = round(wall, 2)
     summary["episodes_per_s"] = round(len(results) / wall, 3) if wall > 0 else None
     summary["gen_tokens_per_s"] = round(gen_tokens / wall, 1) if wall > 0 else None
+    turns = sum(r.n_actions for r in results)
+    truncated = sum(r.n_truncated for r in results)
+    summary["truncated_turns"] = truncated
+    if turns and truncated > turns / 2:
+        # most turns ran out of tokens: the scores measure max_new_tokens, not the model (issue 12)
+        msg = (
+            f"{truncated} of {turns} turns hit max_new_tokens ({cfg['max_new_tokens']}): raise --max-new-tokens, "
+            "or check that the model stops (its stop tokens and chat template)"
+        )
+        summary["warnings"] = [msg]
+        print(f"warning: {msg}", file=sys.stderr)
     with store.writer(
         "rollouts",
         NAME,
