@@ -61,6 +61,14 @@ def parse_assistant(text: str) -> list[dict[str, Any]]:
     return actions or [{"malformed": body, "error": "empty tool call"}]
 
 
+GENERATION_MARK = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+def has_generation_marks(template: str) -> bool:
+    """Does the template mark the assistant's tokens with `{% generation %}` (assistant-only loss)?"""
+    return GENERATION_MARK.search(template) is not None
+
+
 def template_for(tokenizer) -> str:
     """The template a model is prompted and trained with: its own (`trace model import` stored the one chosen
     there), except TRL's Qwen3 original (the presets), which maps to its prefix-preserving training variant;

@@ -56,10 +56,10 @@ def tokenize(
     with "all" every token after the first is a target (language modelling on whole transcripts: tool
     results repeat ids from earlier turns, which is extra practice at copying). Demos longer than
     `max_length` (None: no limit) are dropped: `len(demos) - len(result)` is the count to report."""
-    from trace_cli.models.chat import template_for
+    from trace_cli.models.chat import has_generation_marks, template_for
 
     template = template_for(tok)
-    marked = "generation" in template  # {% generation %} spans give the assistant mask directly
+    marked = has_generation_marks(template)  # {% generation %} spans give the assistant mask directly
     out = []
     for d in demos:
         if marked:
