@@ -67,7 +67,16 @@ def train(
     from trace_cli.training.grpo import is_main_process
 
     main = is_main_process()  # under accelerate launch: only rank 0 names artifacts and prints
-    cfg = dict(load_document(config_file) or {}) if config_file else {}
+    cfg = load_document(config_file) or {} if config_file else {}
+    if not isinstance(cfg, dict):
+        from trace_cli.errors import InputError
+
+        raise InputError(
+            f"{config_file}: expected a mapping of train config keys (method: ..., env: ..., model: ...), "
+            f"got {type(cfg).__name__}",
+            hint="see schemas/config/train.v1.json for the keys",
+        )
+    cfg = dict(cfg)
     for k, v in (
         ("method", method),
         ("env", env),

@@ -180,11 +180,11 @@ def validate_file(path: str | Path) -> str:
                 continue
             try:
                 rec = json.loads(line)
+                validate(rec, SCHEMA_BY_KIND["episode"])
             except json.JSONDecodeError as e:
                 errors.append(f"line {i}: invalid JSON: {e.msg}")
-                continue
-            try:
-                validate(rec, SCHEMA_BY_KIND["episode"])
+            except RecursionError:
+                errors.append(f"line {i}: JSON nested too deeply to read (deeper than ~900 levels)")
             except ValidationError as ve:
                 errors.extend(f"line {i}: {e}" for e in ve.errors)
         if errors:
