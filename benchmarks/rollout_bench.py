@@ -10,8 +10,15 @@ What is measured (issue 3):
     the same `max_new_tokens` and turn limit, greedy decoding.
 Both run the same seeds; greedy decoding must give identical episodes (checked, column `same`).
 
+  * raw (issue 12): plain batched `model.generate` on the episodes' first prompts at the same batch size, every
+    row generating `max_new_tokens` tokens (no stopping): the throughput ceiling. The rollout loop keeps each
+    episode's KV cache across turns (each turn feeds only its new tokens); column `x raw` = rollout tok/s /
+    raw tok/s at the same batch size (goal >= 0.5 on multi-turn episodes). `--compare-no-reuse` adds rows
+    with the cache reuse off (a full re-prefill every turn).
+
 Models: the `tiny` and `small` presets, built offline with the `model` stage into a temporary store, plus
-any `--model REF` (a local HF dir, or a store reference with `--store`), e.g. a trained base agent.
+any `--model REF` (a local HF dir, or a store reference with `--store`), e.g. a trained base agent, and with
+`--smollm2` the offline SmolLM2-135M-Instruct (`trace model import smollm2-135m-instruct`).
 Untrained preset models never emit the end-of-turn token: every turn runs to `max_new_tokens` and the
 scripted user ends the episode after one message, so the preset rows measure raw generation throughput
 on full-length turns; a trained model (`--model`) gives realistic multi-turn episodes.
@@ -20,6 +27,8 @@ on full-length turns; a trained model (`--model`) gives realistic multi-turn epi
     python benchmarks/rollout_bench.py                   # 64 episodes, batch sizes 1 8 32, 160 tokens/turn
     python benchmarks/rollout_bench.py --model store://model/base --store store --presets
     python benchmarks/rollout_bench.py --threads 1       # torch threads (default: torch's choice)
+    python benchmarks/rollout_bench.py --presets small --model store://model/smollm2-sft \
+        --store /tmp/smollm2-e2e/store --batch-sizes 8 --episodes 16 --naive-episodes 4 --max-new-tokens 128
 """
 
 from __future__ import annotations
@@ -57,6 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--model", action="append", default=[], help="extra model reference (repeatable)")
     ap.add_argument("--store", type=Path, help="store to resolve --model store references in")
+    ap.add_argument("--smollm2", action="store_true", help="also import and measure SmolLM2-135M-Instruct")
+    ap.add_argument("--compare-no-reuse", action="store_true", help="rows with KV-cache reuse off too")
     ap.add_argument("--env", default="shop", help="environment reference")
     ap.add_argument("--batch-sizes", type=int, nargs="+", help="default 1 8 32 (quick: 1 8)")
     ap.add_argument("--episodes", type=int, help="episodes per batched run (default 64; quick 8)")
@@ -78,7 +89,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.max_new_tokens = a.max_new_tokens or (32 if q else 160)
     a.max_turns = a.max_turns or (4 if q else 12)
     a.corpus_seeds = a.corpus_seeds or (20 if q else 300)
-    if not a.presets and not a.model:
+    if not a.presets and not a.model and not a.smollm2:
         ap.error("nothing to measure: give --presets and/or --model")
     if min(a.batch_sizes) < 1 or a.episodes < 1 or a.naive_episodes < 1:
         ap.error("batch sizes and episode counts must be >= 1")
@@ -91,9 +102,12 @@ def naive_rollout(model, tok, make_env, seeds: list[int], *, max_new_tokens: int
     import torch
 
     from trace_cli.envs.rollout import apply_actions, finish, start
-    from trace_cli.models.chat import parse_assistant, render
+    from trace_cli.models.chat import eos_ids, render
+    from trace_cli.models.importer import read_meta
+    from trace_cli.models.toolcalls import parse
 
-    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    eos = eos_ids(tok, model.generation_config)
+    fmt = read_meta(getattr(model, "name_or_path", None)).get("tool_format", "hermes")
     results, calls = [], 0
     for seed in seeds:
         st = start(make_env(), seed)
@@ -110,12 +124,40 @@ def naive_rollout(model, tok, make_env, seeds: list[int], *, max_new_tokens: int
                 )
             calls += 1
             ids = out[0, enc["input_ids"].shape[1] :].tolist()
-            ids = ids[: ids.index(eos) + 1] if eos in ids else ids
+            ids = ids[: next((k + 1 for k, t in enumerate(ids) if t in eos), len(ids))]
             st.gen_tokens += len(ids)
             text = tok.decode(ids, skip_special_tokens=False)
-            apply_actions(st, parse_assistant(text), text, max_turns=max_turns)
+            apply_actions(st, parse(text, fmt, tok), text, max_turns=max_turns)
         results.append(finish(st))
     return results, calls
+
+
+def raw_generate(model, tok, make_env, seeds: list[int], *, batch_size: int, max_new_tokens: int) -> dict:
+    """Plain batched `generate` over the first prompts, `max_new_tokens` per row (stop tokens ignored)."""
+    import torch
+
+    from trace_cli.envs.rollout import start
+    from trace_cli.models.chat import render
+
+    prompts = []
+    for s in seeds:
+        st = start(make_env(), s)
+        prompts.append(render(tok, st.messages, st.tools, add_generation_prompt=True))
+    tok.padding_side = "left"
+    toks, t0 = 0, time.perf_counter()
+    for i in range(0, len(prompts), batch_size):
+        enc = tok(prompts[i : i + batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.inference_mode():
+            out = model.generate(
+                **enc.to(model.device),
+                max_new_tokens=max_new_tokens,
+                min_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
+            )
+        toks += (out.shape[1] - enc["input_ids"].shape[1]) * out.shape[0]
+    wall = time.perf_counter() - t0
+    return {"gen_tokens": toks, "wall_s": round(wall, 3), "gen_tokens_per_s": round(toks / wall, 1)}
 
 
 class CountingPolicy:
@@ -157,12 +199,36 @@ def measure(name: str, preset: str | None, ref, args) -> list[dict[str, Any]]:
     rows.append(_row(name, preset, n_params, "naive", 1, naive, wall, calls))
     naive_by_seed = {r.seed: r for r in naive}
 
-    for bs in args.batch_sizes:
-        policy = CountingPolicy(HFPolicy(model, tok, max_new_tokens=args.max_new_tokens, name=name))
+    from trace_cli.models.importer import context_of, read_meta
+
+    meta = read_meta(ref.path)
+    modes = [("rollout", True)] + ([("rollout-noreuse", False)] if args.compare_no_reuse else [])
+    for bs, (mode, reuse) in [(b, m) for b in args.batch_sizes for m in modes]:
+        raw = raw_generate(
+            model,
+            tok,
+            env_factory,
+            seeds[: max(bs, min(len(seeds), 2 * bs))],
+            batch_size=bs,
+            max_new_tokens=args.max_new_tokens,
+        )
+        hf = HFPolicy(
+            model,
+            tok,
+            max_new_tokens=args.max_new_tokens,
+            name=name,
+            tool_format=meta.get("tool_format"),
+            max_context=context_of(model.config),
+            reuse_cache=reuse,
+        )
+        policy = CountingPolicy(hf)
+        policy.parse = hf.parse
         t0 = time.perf_counter()
         res = rollout(policy, env_factory, [(s, 0) for s in seeds], max_turns=args.max_turns, batch_size=bs)
         wall = time.perf_counter() - t0
-        row = _row(name, preset, n_params, "rollout", bs, res, wall, policy.calls)
+        row = _row(name, preset, n_params, mode, bs, res, wall, policy.calls)
+        row["raw_gen_tokens_per_s"] = raw["gen_tokens_per_s"]
+        row["x_raw"] = round(row["gen_tokens_per_s"] / raw["gen_tokens_per_s"], 2)
         same = [
             r.messages == naive_by_seed[r.seed].messages and r.reward == naive_by_seed[r.seed].reward
             for r in res
@@ -172,7 +238,8 @@ def measure(name: str, preset: str | None, ref, args) -> list[dict[str, Any]]:
         row["compared_episodes"] = len(same)
         rows.append(row)
         print(
-            f"  {name} bs={bs}: {row['episodes_per_s']:.2f} ep/s, {row['gen_tokens_per_s']:.0f} tok/s",
+            f"  {name} {mode} bs={bs}: {row['episodes_per_s']:.2f} ep/s, {row['gen_tokens_per_s']:.0f} tok/s "
+            f"(raw generate {raw['gen_tokens_per_s']:.0f} tok/s, x{row['x_raw']})",
             file=sys.stderr,
         )
     naive_eps = rows[0]["episodes_per_s"]
@@ -238,6 +305,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         ("ep/s", "episodes_per_s"),
         ("tok/s", "gen_tokens_per_s"),
         ("x naive ep/s", "speedup_episodes"),
+        ("raw tok/s", "raw_gen_tokens_per_s"),
+        ("x raw", "x_raw"),
         ("same", "same_as_naive"),
     ]
     table = [[str(r.get(k)) for _, k in cols] for r in rows]
@@ -278,6 +347,11 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             models.append((preset, preset, resolve_model(str(out.main.path / "hf")), built))
+        if args.smollm2:
+            t0 = time.perf_counter()
+            out = execute("model", {"source": "smollm2-135m-instruct"}, Store(workdir / "store"))
+            built = {"build_s": round(time.perf_counter() - t0, 2), **out.main.summary}
+            models.append(("smollm2", None, resolve_model(str(out.main.path / "hf")), built))
         for ref in args.model:
             models.append((ref, None, resolve_model(ref, Store(args.store) if args.store else None), {}))
 

@@ -1,0 +1,83 @@
+"""Multi-turn KV-cache reuse (models.kvcache): each turn feeds only the new tokens, and greedy episodes are the
+same as with a full re-prefill every turn, for eval's HFPolicy and GRPO's TokenPolicy, at mixed cached lengths
+(the noisy tiny model: episodes run different numbers of turns and the batch is refilled mid-run)."""
+
+from __future__ import annotations
+
+import pytest
+import tinymodel
+from tinymodel import noisy_copy
+
+from trace_cli.envs.registry import make_env
+from trace_cli.envs.rollout import rollout
+from trace_cli.models.refs import load_hf, resolve_model
+
+SEEDS = list(range(8))
+
+
+@pytest.fixture(scope="module")
+def noisy(tmp_path_factory):
+    tiny = tinymodel.tiny(tmp_path_factory)
+    ref = resolve_model(str(noisy_copy(tiny, tmp_path_factory.mktemp("noisy-kv") / "hf")))
+    return load_hf(ref)
+
+
+def _fed_widths(model):
+    """Record the input width of every forward call (prefill = the first call of each generate)."""
+    widths: list[int] = []
+
+    def hook(module, args, kwargs):
+        ids = kwargs.get("input_ids")
+        widths.append(ids.shape[1] if ids is not None else -1)
+
+    # a hook, not a wrapper: generate inspects forward's signature (position ids from the mask)
+    handle = model.register_forward_pre_hook(hook, with_kwargs=True)
+    return widths, handle.remove
+
+
+def _episodes(policy, batch_size=3):
+    jobs = [(s, 0) for s in SEEDS]
+    return rollout(policy, lambda: make_env("shop"), jobs, max_turns=4, batch_size=batch_size)
+
+
+def test_hf_policy_reuse_gives_the_same_episodes_and_feeds_less(noisy):
+    from trace_cli.models.policies import HFPolicy
+
+    model, tok = noisy
+    widths, restore = _fed_widths(model)
+    try:
+        reused = _episodes(HFPolicy(model, tok, max_new_tokens=12, reuse_cache=True))
+        fed_reuse = sum(w for w in widths if w > 1)
+        widths.clear()
+        full = _episodes(HFPolicy(model, tok, max_new_tokens=12, reuse_cache=False))
+        fed_full = sum(w for w in widths if w > 1)
+    finally:
+        restore()
+    assert [e.messages for e in reused] == [e.messages for e in full]
+    assert [e.gen_tokens for e in reused] == [e.gen_tokens for e in full]
+    assert max(e.n_actions for e in full) > 1  # multi-turn: there was something to reuse
+    assert fed_reuse < fed_full / 2, (fed_reuse, fed_full)
+
+
+def test_token_policy_reuse_gives_the_same_turns(noisy):
+    from trace_cli.training.grpo import TokenPolicy
+
+    model, tok = noisy
+
+    def turns(reuse):
+        pol = TokenPolicy(model, tok, temperature=0.0, max_new_tokens=12, budget=400, reuse_cache=reuse)
+        return [
+            [(t["prompt_ids"], t["completion_ids"]) for t in e.turns] for e in _episodes(pol, batch_size=4)
+        ]
+
+    a, b = turns(True), turns(False)
+    assert a == b and max(len(t) for t in a) > 1
+
+
+def test_cache_is_dropped_with_the_episode(noisy):
+    """The cache lives on the episode state, so finished episodes free theirs (results keep none)."""
+    from trace_cli.models.policies import HFPolicy
+
+    model, tok = noisy
+    eps = _episodes(HFPolicy(model, tok, max_new_tokens=8))
+    assert all(not hasattr(e, "kv") for e in eps)
