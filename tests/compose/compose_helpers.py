@@ -35,7 +35,8 @@ def make_adapter(
 
     from trace_cli.models.refs import resolve_model
 
-    base = resolve_model(str(base_dir), store)
+    base = resolve_model(str(base_dir), store)  # a dir, or store://model/NAME (its digest is the artifact's)
+    base_dir = base.path
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     pm = get_peft_model(
         model, LoraConfig(r=r, lora_alpha=2 * r, target_modules="all-linear", task_type="CAUSAL_LM")
@@ -45,7 +46,8 @@ def make_adapter(
         for n, p in pm.named_parameters():
             if "lora_" in n:
                 p.copy_(torch.randn(p.shape, generator=g) * scale)
-    cfg = {"method": "grpo", "env": env, "model": str(base_dir), "capability": capability, "seed": seed}
+    ref = str(base_dir if base.artifact_id is None else base.display)
+    cfg = {"method": "grpo", "env": env, "model": ref, "capability": capability, "seed": seed}
     with store.writer(
         "adapter", "train", cfg, [base.as_input("model")], name=name or capability.split("_")[0]
     ) as w:
@@ -54,8 +56,8 @@ def make_adapter(
             method="grpo",
             capability=capability,
             env=env,
-            base_model=str(base_dir),
-            base_model_uri=None,
+            base_model=ref,
+            base_model_uri=f"store://model/{base.artifact_id}" if base.artifact_id else None,
             base_model_path=str(Path(base_dir).resolve()),
         )
     return w.artifact

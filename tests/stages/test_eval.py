@@ -252,3 +252,24 @@ def test_bad_input_exit_2_and_nothing_written(reference_store, no_tokenizer_dir,
     assert snapshot(root) == before
     if "Qwen" in " ".join(args):
         assert "cache" in r.stderr  # says why: not in the local cache, and no download offline
+
+
+def test_prompt_longer_than_the_context_is_exit_2(tiny_model, reference_store):
+    """The first prompt + one turn must fit the model's context (checked before any generation)."""
+    root, _ = reference_store
+    before = snapshot(root)
+    r = run_cli(
+        "eval",
+        "--model",
+        str(tiny_model.hf),
+        "--env",
+        "shop",
+        "--seeds",
+        "0:1",
+        "--max-new-tokens",
+        "5000",
+        "--store",
+        root,
+    )
+    assert r.exit_code == 2 and "more than the model's context (4096)" in r.stderr, r.output
+    assert snapshot(root) == before

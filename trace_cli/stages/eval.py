@@ -91,12 +91,50 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
     seeds = parse_seeds(cfg["seeds"])
     make_env(cfg["env"], store=store)  # validates name and params now, before any compute
     model = resolve_model(cfg["model"], store)
+    if model.kind in ("hf", "adapter"):
+        check_context(model, cfg["env"], seeds, cfg["max_new_tokens"], store)
     env_id = env_identity(cfg["env"], store=store)
     id_config = {**cfg, "model": model.digest, "env": env_id["id"], "seeds": seeds}
     inputs = [model.as_input("model")] + env_id.get("inputs", [])
     p = Prepared(NAME, cfg, id_config, inputs, dict(OUTPUTS)).finalize()
     p.extra.update(model=model, seeds=seeds)
     return p
+
+
+def check_context(model, env_ref: Any, seeds: list[int], max_new_tokens: int, store: Store) -> None:
+    """The first prompt (system + tools + opening messages) and one turn must fit the model's context; later
+    turns that outgrow it end their episode (termination max_length)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from trace_cli.envs.registry import make_env
+    from trace_cli.models.chat import render
+    from trace_cli.models.importer import context_of
+    from trace_cli.models.refs import has_tokenizer
+
+    try:
+        ctx = context_of(AutoConfig.from_pretrained(model.path))
+        tok_dir = (
+            model.adapter_path if model.adapter_path and has_tokenizer(model.adapter_path) else model.path
+        )
+        tok = AutoTokenizer.from_pretrained(tok_dir)
+    except Exception as e:  # noqa: BLE001 - any failure here means the directory is not a usable model
+        raise UsageError(f"--model {model.display!r}: cannot load its config/tokenizer: {e}") from e
+    if not ctx:
+        return
+    env = make_env(env_ref, store=store)
+    obs = env.reset(seeds[0])
+    messages = [{"role": "system", "content": obs.system_prompt}] + [dict(m) for m in obs.messages]
+    n = len(
+        tok(render(tok, messages, obs.tools, add_generation_prompt=True), add_special_tokens=False)[
+            "input_ids"
+        ]
+    )
+    if n + max_new_tokens > ctx:
+        raise UsageError(
+            f"context: the first prompt of seed {seeds[0]} is {n} tokens; with max_new_tokens {max_new_tokens} "
+            f"it needs {n + max_new_tokens}, more than the model's context ({ctx})",
+            hint="use a model with a longer context, or lower --max-new-tokens",
+        )
 
 
 def summarize(rows: list[dict[str, Any]], trials: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:

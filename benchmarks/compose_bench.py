@@ -1,0 +1,193 @@
+#!/usr/bin/env python
+"""Compose benchmark: greedy decode tokens/s of each composition method against the base model with one
+LoRA merged into its weights (what serving a single adapter costs).
+
+1. Builds the `small` preset offline in a temp store (or reuses --store), and SmolLM2-135M-Instruct when
+   `trace model import` can provide it (skipped when it cannot).
+2. Writes two random non-zero LoRA adapters (r 16, all linear layers) as adapter artifacts and composes them
+   three ways (router, moe with untrained gates routed to experts by a fixed gate, merge).
+3. Decodes `--tokens` new tokens after a shop prompt (batch 1, greedy, KV cache), `--repeats` times, and
+   reports the median tokens/s and the ratio to the merged-LoRA baseline. The router's time includes its
+   classifier forward pass and the weight merge (once per conversation).
+
+Goals (issue 13): moe >= 0.8x, router >= 0.95x of the merged-LoRA baseline.
+
+    python benchmarks/compose_bench.py               # small preset (+ SmolLM2 when importable)
+    python benchmarks/compose_bench.py --quick       # fewer tokens and repeats
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "compose"))
+GOALS = {"moe": 0.8, "router": 0.95}
+
+
+def _prompt(tok) -> str:
+    from trace_cli.envs.registry import make_env
+    from trace_cli.models.chat import render
+
+    obs = make_env("shop").reset(0)
+    return render(
+        tok,
+        [{"role": "system", "content": obs.system_prompt}, *obs.messages],
+        obs.tools,
+        add_generation_prompt=True,
+    )
+
+
+def _time(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def bench_model(store, base_ref: str, label: str, tokens: int, repeats: int) -> list[dict]:
+    import torch
+    from compose_helpers import make_adapter
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trace_cli.compose.policy import load_composition_policy
+    from trace_cli.models.refs import resolve_model
+    from trace_cli.stages.base import execute
+
+    base = resolve_model(base_ref, store)
+    arts = [
+        make_adapter(store, base_ref, cap, "shop", seed=i + 1, scale=0.02, r=16, name=f"{label}-{cap[:4]}")
+        for i, cap in enumerate(["structured_data_reasoning", "tool_calling_precision"])
+    ]
+    tok = AutoTokenizer.from_pretrained(base.path, padding_side="left")
+    prompt = _prompt(tok)
+    enc = tok([prompt], return_tensors="pt", add_special_tokens=False)
+    gen = {
+        "max_new_tokens": tokens,
+        "min_new_tokens": tokens,
+        "do_sample": False,
+        "pad_token_id": tok.pad_token_id,
+    }
+    rows = []
+
+    one = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base.path), arts[0].path / "adapter")
+    one = one.merge_and_unload().eval()
+    with torch.inference_mode():
+        t_base = _time(lambda: one.generate(**enc, **gen), repeats)
+    rows.append({"model": label, "method": "base + 1 LoRA merged", "tok_s": tokens / t_base, "ratio": 1.0})
+    adapters = [a.uri for a in arts]
+    for method in ("router", "moe", "merge"):
+        cfg = {"method": method, "adapters": adapters, "base": base_ref}
+        if method == "moe":
+            cfg["moe"] = {"target": "shop", "seeds": "0:4", "steps": 0}
+        art = execute("compose", cfg, store).main
+        pol = load_composition_policy(art.path, base.path, max_new_tokens=tokens)
+        if method == "moe":  # every token routed to expert 1: the worst case, a LoRA delta in every layer
+            for layer in pol.routing["layers"].values():
+                layer.gate = _forced(layer.gate, 1)
+        if method == "router":
+            from trace_cli.envs.registry import make_env
+            from trace_cli.envs.rollout import start
+
+            def run(pol=pol):
+                st = start(make_env("shop"), 0)
+                pol.route([st.messages])  # classifier pass + merge, once per conversation
+                pol.merger.apply({1: 1.0})
+                with torch.inference_mode():
+                    pol.model.generate(**enc, **gen)
+
+            t = _time(run, repeats)
+        else:
+            with torch.inference_mode():
+                t = _time(lambda pol=pol: pol.model.generate(**enc, **gen), repeats)
+        rows.append({"model": label, "method": method, "tok_s": tokens / t, "ratio": t_base / t})
+    return rows
+
+
+def _forced(gate, slot: int):
+    """A gate that still does its matmul (the real cost) but always prefers `slot`."""
+    import torch
+
+    class Forced(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner, self.slot = gate, slot
+
+        @property
+        def weight(self):
+            return self.inner.weight
+
+        def forward(self, x):
+            out = self.inner(x)
+            out[..., self.slot] += 10.0
+            return out
+
+    return Forced()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--store", help="Reuse this store.")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "compose_bench.json"))
+    args = ap.parse_args()
+    tokens, repeats = (24, 3) if args.quick else (args.tokens, args.repeats)
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    from compose_helpers import register_envs
+
+    from trace_cli.stages.base import execute
+    from trace_cli.store import Store
+
+    register_envs()
+    store = Store(args.store or tempfile.mkdtemp(prefix="compose-bench-") + "/store")
+    small = execute("model", {"preset": "small", "seed": 0}, store, name="bench-small").main
+    rows = bench_model(store, small.uri, "small", tokens, repeats)
+    skipped = []
+    try:
+        smol = execute("model", {"source": "smollm2-135m-instruct"}, store, name="bench-smollm2").main
+        rows += bench_model(store, smol.uri, "smollm2-135m", tokens, repeats)
+    except Exception as e:  # noqa: BLE001 - SmolLM2 is optional: no wheel, no import support, no config key
+        skipped.append(f"smollm2: {type(e).__name__}: {str(e)[:160]}")
+    print(f"{'model':<14} {'method':<22} {'tok/s':>8} {'x base+LoRA':>12} {'goal':>6}")
+    for r in rows:
+        goal = GOALS.get(r["method"])
+        mark = "" if goal is None else (f">={goal}" + (" ok" if r["ratio"] >= goal else " MISS"))
+        print(f"{r['model']:<14} {r['method']:<22} {r['tok_s']:>8.1f} {r['ratio']:>12.3f} {mark:>6}")
+    for s in skipped:
+        print(f"skipped {s}")
+    result = {
+        "rows": rows,
+        "skipped": skipped,
+        "tokens": tokens,
+        "repeats": repeats,
+        "goals": GOALS,
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "threads": torch.get_num_threads(),
+        },
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
