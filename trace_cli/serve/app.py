@@ -159,6 +159,7 @@ def create_app(engine: Engine, *, api_key: str | None = None, default_max_tokens
                 parse_tools=parse_tools,
                 stop=stop,
                 eos_id=engine.eos_id,
+                parse=engine.parse,
             )
             for i, (text, ids, _) in enumerate(outs)
         ]

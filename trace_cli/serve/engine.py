@@ -94,19 +94,30 @@ class Job:
 
 
 def to_completion(
-    text: str, ids: list[int], *, index: int, max_tokens: int, parse_tools: bool, stop: list[str], eos_id: int
+    text: str,
+    ids: list[int],
+    *,
+    index: int,
+    max_tokens: int,
+    parse_tools: bool,
+    stop: list[str],
+    eos_id: int | list[int],
+    parse=None,
 ) -> Completion:
     """A generated turn -> an OpenAI choice. Parsed as `trace eval` parses it: valid calls become `tool_calls`
     (content = the text around them); a turn with a call that does not parse is returned as its raw text, so
     a client that parses it (the eval loop does) sees the same malformed call."""
-    finish = "stop" if eos_id in ids or len(ids) < max_tokens else "length"
+    stops = set(eos_id) if isinstance(eos_id, list) else {eos_id}
+    finish = "stop" if stops & set(ids) or len(ids) < max_tokens else "length"
     calls: list[dict[str, Any]] = []
-    if parse_tools and "<tool_call>" in strip_text(text):
-        actions = parse_assistant(text)
+    # the model family's parser (HFPolicy.parse); Hermes `<tool_call>` by default
+    actions = (parse or parse_assistant)(text) if parse_tools else [{"content": strip_text(text)}]
+    if any("name" in a or "malformed" in a for a in actions):
         if any("malformed" in a for a in actions):
             content: str | None = cut_at_end(text)
         else:
-            content = TOOL_CALL_RE.sub("", strip_text(text)).strip()
+            said = next((a["content"] for a in actions if "content" in a), None)
+            content = said if said is not None else TOOL_CALL_RE.sub("", strip_text(text)).strip()
             calls = [
                 {
                     "id": f"call_{uuid.uuid4().hex[:24]}",
@@ -136,7 +147,8 @@ class Engine:
         self.name = name
         self.window_s = window_s
         self.max_batch = max_batch
-        self.eos_id = policy.tok.convert_tokens_to_ids("<|im_end|>")
+        self.eos_id = list(policy.eos)  # every stop token of the model (tokenizer + generation config)
+        self.parse = getattr(policy, "parse", None)
         self._queue: asyncio.Queue[Job] | None = None
         self._task: asyncio.Task | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
