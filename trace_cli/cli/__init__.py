@@ -26,6 +26,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "eval_cmd",
         "Run a model on an environment; write rollouts and pass@1 / pass^k.",
     ),
+    "report": (
+        "trace_cli.cli.report",
+        "report",
+        "Write an HTML report with plots of a store (diagnosis, calibration, training, eval).",
+    ),
     "export": (
         "trace_cli.cli.export",
         "export",

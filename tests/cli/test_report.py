@@ -1,0 +1,175 @@
+"""`trace report`: a self-contained HTML page with plots, built from a real store (scripted policies, real
+stages), checked for its figures and data, and rendered in headless Chromium when it is installed."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+from trace_testing import run_cli, snapshot
+
+from trace_cli.stages.base import execute
+from trace_cli.store import Store
+
+SCRIPTED = "policy:demonstration?deficits=precondition_verification,multi_step_completion&rate=1"
+
+
+@pytest.fixture(scope="module")
+def demo_store(tmp_path_factory):
+    st = Store(tmp_path_factory.mktemp("report") / "store")
+    execute("eval", {"model": SCRIPTED, "env": "shop", "seeds": "0:60"}, st, name="scripted-eval")
+    execute("eval", {"model": "policy:reference", "env": "shop", "seeds": "0:60"}, st, name="reference-eval")
+    execute("diagnose", {"rollouts": "store://rollouts/scripted-eval", "analyst": "rules"}, st, name="diag")
+    execute(
+        "synthesize",
+        {
+            "diagnosis": "store://diagnosis/diag",
+            "capability": "precondition_verification",
+            "model": "policy:demonstration?rate=0.5",
+            "calibration": {"seeds": 12, "rollouts": 4},
+        },
+        st,
+        name="env-pre",
+    )
+    return st
+
+
+def _pngs(page: str) -> list[bytes]:
+    return [base64.b64decode(m) for m in re.findall(r'src="data:image/png;base64,([^"]+)"', page)]
+
+
+def test_report_embeds_a_figure_per_section_and_the_data(demo_store, tmp_path):
+    out = tmp_path / "report.html"
+    r = run_cli("report", "--out", str(out), "--json", "--store", str(demo_store.root))
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    page = out.read_text()
+    pngs = _pngs(page)
+    assert res["figures"] == len(pngs) >= 3
+    from PIL import Image
+
+    for png in pngs:  # real, decodable images with something drawn on them
+        im = Image.open(io.BytesIO(png)).convert("L")
+        assert im.size[0] > 300 and im.size[1] > 150
+        lo, hi = im.getextrema()
+        assert hi - lo > 100
+    data = json.loads(re.search(r'id="trace-report-data">(.*?)</script>', page, re.S).group(1))
+    [diag] = data["diagnoses"]
+    sel = {c["name"] for c in diag["capabilities"] if c["selected"]}
+    assert sel == {"precondition_verification", "multi_step_completion"}
+    [env] = data["calibrations"]
+    assert env["capability"] == "precondition_verification" and env["attempts"]
+    assert env["band"] == [0.2, 0.6]
+    [shop] = data["evals"]
+    by_name = {r["name"]: r for r in shop["runs"]}
+    assert by_name["reference-eval"]["pass@1"] == 1.0
+    assert by_name["scripted-eval"]["families"]["multi_op"] == 0.0
+    assert "multi_step_completion" in page and "Calibration" in page
+
+
+def test_report_for_a_recipe_shows_only_its_artifacts(demo_store, tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        "kind: recipe\nversion: 1\nname: r\nsteps:\n"
+        "  - {id: e, uses: eval, name: reference-eval, with: {model: 'policy:reference', env: shop, seeds: '0:60'}}\n"
+    )
+    out = tmp_path / "r.html"
+    r = run_cli(
+        "report", "--out", str(out), "--recipe", str(recipe), "--json", "--store", str(demo_store.root)
+    )
+    assert r.exit_code == 0, r.output
+    page = out.read_text()
+    data = json.loads(re.search(r'id="trace-report-data">(.*?)</script>', page, re.S).group(1))
+    assert data["diagnoses"] == [] and data["calibrations"] == []
+    assert [r["name"] for r in data["evals"][0]["runs"]] == ["reference-eval"]
+
+
+def test_report_adds_the_sample_efficiency_plot(demo_store, tmp_path):
+    se = tmp_path / "se.json"
+    se.write_text(
+        json.dumps(
+            {
+                "budgets": [
+                    {"rollouts": 256, "base": 0.3, "grpo_target": {"mean": 0.32, "std": 0.01}, "trace": 0.35},
+                    {
+                        "rollouts": 1024,
+                        "base": 0.3,
+                        "grpo_target": {"mean": 0.36, "std": 0.02},
+                        "trace": 0.42,
+                    },
+                ]
+            }
+        )
+    )
+    a, b = tmp_path / "a.html", tmp_path / "b.html"
+    assert run_cli("report", "--out", str(a), "--store", str(demo_store.root)).exit_code == 0
+    r = run_cli("report", "--out", str(b), "--sample-efficiency", str(se), "--store", str(demo_store.root))
+    assert r.exit_code == 0, r.output
+    assert len(_pngs(b.read_text())) == len(_pngs(a.read_text())) + 1
+    assert "Sample efficiency" in b.read_text()
+
+
+def test_report_bad_input_exits_2_and_writes_nothing(demo_store, tmp_path):
+    before = snapshot(demo_store.root)
+    out = tmp_path / "x.html"
+    out.write_text("keep")
+    r = run_cli("report", "--out", str(out), "--store", str(demo_store.root))
+    assert r.exit_code == 2 and "already exists" in r.output and out.read_text() == "keep"
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2]")
+    r = run_cli(
+        "report",
+        "--out",
+        str(tmp_path / "y.html"),
+        "--sample-efficiency",
+        str(bad),
+        "--store",
+        str(demo_store.root),
+    )
+    assert r.exit_code == 2 and "budgets" in r.output and not (tmp_path / "y.html").exists()
+    r = run_cli("report", "--out", str(tmp_path / "no" / "z.html"), "--store", str(demo_store.root))
+    assert r.exit_code == 2 and "no such directory" in r.output
+    assert snapshot(demo_store.root) == before
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs chromium (apt-get install chromium)")
+def test_report_renders_in_headless_chromium(demo_store, tmp_path):
+    out = tmp_path / "report.html"
+    assert run_cli("report", "--out", str(out), "--store", str(demo_store.root)).exit_code == 0
+    shot = tmp_path / "shot.png"
+    # the page reports its images' decoded sizes into the DOM title; --dump-dom prints the rendered DOM
+    probe = tmp_path / "probe.html"
+    probe.write_text(
+        out.read_text().replace(
+            "</body>",
+            "<script>window.onload=()=>{const i=[...document.images];document.title='IMAGES:'+i.length+':'"
+            "+i.filter(x=>x.complete&&x.naturalWidth>0).length};</script></body>",
+        )
+    )
+    args = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
+    dom = subprocess.run(
+        [*args, "--virtual-time-budget=5000", "--dump-dom", probe.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    m = re.search(r"<title>IMAGES:(\d+):(\d+)</title>", dom.stdout)
+    assert m, dom.stderr[-500:]
+    assert int(m.group(1)) == int(m.group(2)) >= 3  # every embedded image decoded in the browser
+    subprocess.run(
+        [*args, "--window-size=1200,3000", f"--screenshot={shot}", out.as_uri()],
+        capture_output=True,
+        timeout=120,
+    )
+    from PIL import Image
+
+    im = Image.open(shot).convert("L")
+    assert im.size == (1200, 3000)
+    lo, hi = im.getextrema()
+    assert hi - lo > 100  # something was drawn

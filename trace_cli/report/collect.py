@@ -1,0 +1,202 @@
+"""What `trace report` shows, read from a store's artifacts (never from the index: the files are the truth).
+
+Each collector returns plain dicts (no plotting here), so the data behind every figure is testable and also
+written into the page as JSON for anyone who wants the numbers rather than the picture.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from trace_cli.config import safe_yaml
+from trace_cli.store import Store
+
+
+def _names(store: Store) -> dict[tuple[str, str], list[str]]:
+    out: dict[tuple[str, str], list[str]] = {}
+    for kind, name, aid in store.names():
+        out.setdefault((kind, aid), []).append(name)
+    return out
+
+
+def _label(art, names: dict[tuple[str, str], list[str]]) -> str:
+    return sorted(names.get((art.kind, art.id), []) or [art.id])[0]
+
+
+def _keep(art, names, only: set[str] | None) -> bool:
+    return only is None or bool(set(names.get((art.kind, art.id), [])) & only) or art.id in only
+
+
+def _yaml(path: Path) -> dict[str, Any]:
+    return safe_yaml.load(path.read_bytes()) or {}
+
+
+def diagnoses(store: Store, only: set[str] | None = None) -> list[dict[str, Any]]:
+    """Per diagnosis: every capability's mean Δ and coverage, whether it was selected, and the thresholds."""
+    names = _names(store)
+    out = []
+    for art in store.list("diagnosis"):
+        if not _keep(art, names, only):
+            continue
+        doc = _yaml(art.path / "capabilities.yaml")
+        caps = []
+        for status in ("selected", "rejected"):
+            for c in doc.get(status) or []:
+                caps.append(
+                    {
+                        "name": c["name"],
+                        "selected": status == "selected",
+                        "delta": float(c.get("mean_delta") or 0.0),
+                        "delta_std": float(c.get("std_delta") or 0.0),
+                        "coverage": float(c.get("mean_coverage") or 0.0),
+                        "runs_passed": c.get("runs_passed"),
+                        "runs_total": c.get("runs_total"),
+                    }
+                )
+        th = doc.get("thresholds") or {}
+        out.append(
+            {
+                "name": _label(art, names),
+                "rollouts": doc.get("rollouts"),
+                "analyst": doc.get("analyst"),
+                "delta_min": float(th.get("delta_min", 0.2)),
+                "coverage_min": float(th.get("coverage_min", 0.1)),
+                "capabilities": caps,
+            }
+        )
+    return out
+
+
+def calibrations(store: Store, only: set[str] | None = None) -> list[dict[str, Any]]:
+    """Per environment: the calibration attempts (level, success) against the target band."""
+    names = _names(store)
+    out = []
+    for art in store.list("environment"):
+        if not _keep(art, names, only):
+            continue
+        doc = _yaml(art.path / "environment.yaml")
+        cal = doc.get("calibration") or {}
+        attempts = []
+        f = art.path / "calibration.parquet"
+        if f.is_file():
+            for r in pq.read_table(f).to_pylist():
+                params = json.loads(r["params"]) if r.get("params") else {}
+                attempts.append(
+                    {
+                        "attempt": r["attempt"],
+                        "level": params.get("level"),
+                        "success": r["mean_success"],
+                        "all0": r["frac_all0"],
+                        "in_band": r["in_band"],
+                    }
+                )
+        out.append(
+            {
+                "name": _label(art, names),
+                "capability": doc.get("capability"),
+                "model": cal.get("model"),
+                "band": list(cal.get("band") or [0.2, 0.6]),
+                "max_group_all0": cal.get("max_group_all0"),
+                "attempts": attempts,
+            }
+        )
+    return out
+
+
+def reward_curves(store: Store, only: set[str] | None = None) -> list[dict[str, Any]]:
+    """Per GRPO adapter: reward (and success) per optimizer step, with the rollouts consumed."""
+    names = _names(store)
+    out = []
+    for art in store.list("adapter"):
+        if not _keep(art, names, only):
+            continue
+        f = art.path / "train_metrics.parquet"
+        if not f.is_file():
+            continue
+        rows = pq.read_table(f).to_pylist()
+        out.append(
+            {
+                "name": _label(art, names),
+                "capability": (art.summary or {}).get("capability"),
+                "steps": [r["step"] for r in rows],
+                "reward": [r.get("reward") for r in rows],
+                "success": [r.get("success") for r in rows],
+                "rollouts": [r.get("rollouts") for r in rows],
+            }
+        )
+    return out
+
+
+def evals(store: Store, only: set[str] | None = None) -> list[dict[str, Any]]:
+    """Per environment evaluated: every model's pass@1 and pass^k, overall and per task family."""
+    names = _names(store)
+    by_env: dict[str, list[dict[str, Any]]] = {}
+    for art in store.list("eval"):
+        if not _keep(art, names, only):
+            continue
+        s = art.summary or {}
+        cfg = art.config or {}
+        env = str(cfg.get("env"))
+        by_env.setdefault(env, []).append(
+            {
+                "name": _label(art, names),
+                "model": str(cfg.get("model")),
+                "seeds": cfg.get("seeds"),
+                "pass@1": s.get("pass@1"),
+                "pass^k": s.get("pass^k") or {},
+                "families": {f: v.get("pass@1") for f, v in (s.get("families") or {}).items()},
+            }
+        )
+    return [{"env": env, "runs": runs} for env, runs in sorted(by_env.items())]
+
+
+def routing(store: Store, only: set[str] | None = None) -> list[dict[str, Any]]:
+    """Per composition whose summary reports routing accuracy: overall and per expert."""
+    names = _names(store)
+    out = []
+    try:
+        arts = store.list("composition")
+    except Exception:  # noqa: BLE001 - a store from before compose existed has no such kind
+        arts = []
+    for art in arts:
+        if not _keep(art, names, only):
+            continue
+        s = art.summary or {}
+        acc = s.get("routing_accuracy")
+        if acc is None:
+            continue
+        per = acc.get("per_expert", {}) if isinstance(acc, dict) else {}
+        overall = acc.get("overall") if isinstance(acc, dict) else acc
+        out.append(
+            {"name": _label(art, names), "method": s.get("method"), "overall": overall, "per_expert": per}
+        )
+    return out
+
+
+def recipe_names(recipe: Path) -> set[str]:
+    """The artifact names a recipe's steps write (what a report restricted to that recipe shows)."""
+    doc = _yaml(recipe)
+    return {str(s["name"]) for s in doc.get("steps") or [] if isinstance(s, dict) and s.get("name")}
+
+
+def collect(
+    store: Store, recipe: Path | None = None, sample_efficiency: Path | None = None
+) -> dict[str, Any]:
+    only = recipe_names(recipe) if recipe else None
+    data = {
+        "store": str(store.root),
+        "recipe": str(recipe) if recipe else None,
+        "diagnoses": diagnoses(store, only),
+        "calibrations": calibrations(store, only),
+        "reward_curves": reward_curves(store, only),
+        "evals": evals(store, only),
+        "routing": routing(store, only),
+        "sample_efficiency": None,
+    }
+    if sample_efficiency:
+        data["sample_efficiency"] = json.loads(Path(sample_efficiency).read_text(encoding="utf-8"))
+    return data
