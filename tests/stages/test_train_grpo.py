@@ -461,9 +461,9 @@ def test_trains_on_a_synthesized_environment(model_dir, tmp_path, monkeypatch):
     del cfg["seeds"]
     # lineage, not learning: one step of the random tiny model may see only constant-reward groups, which
     # fails the run (test_constant_reward_run_fails_and_stores_nothing)
-    import trace_cli.stages.train as train_stage
+    import trace_cli.training.checks as checks
 
-    monkeypatch.setattr(train_stage, "_nothing_learned", lambda rows, adapter_dir: None)
+    monkeypatch.setattr(checks, "nothing_learned", lambda rows, adapter_dir: None)
     out = execute("train", cfg, store, name="pv-adapter")
     art = out.main
     assert art.summary["capability"] == cap and art.summary["steps"] == 1

@@ -109,10 +109,7 @@ GRPO_ONLY = (
     "vllm",
 )
 DEFAULT_LR = {"sft": 0.002, "grpo": 1e-5}  # from-scratch presets (toy values; the demo depends on them)
-# real checkpoints (`trace model import`): LoRA SFT at 3e-4 (measured on SmolLM2-135M: 2e-3 raised the loss
-# from 0.75 to 2.65 in one step; 3e-4 learned exact first tool calls in 60 steps), GRPO at the paper's 1e-5
-PRETRAINED_LR = {"sft": 3e-4, "grpo": 1e-5}
-PREFIX_CHECK_SEEDS = 3
+
 NOT_IN_ID = ("checkpoint_every",)  # how often we checkpoint does not change what is trained
 PROMPT_CHECK_SEEDS = 8
 
@@ -148,7 +145,9 @@ def _method_config(config: dict[str, Any]) -> dict[str, Any]:
 
 def prepare(config: dict[str, Any], store: Store) -> Prepared:
     cfg = _method_config(config)
-    _kind_defaults(cfg, dict(config or {}), store)
+    from trace_cli.training import checks
+
+    checks.kind_defaults(cfg, dict(config or {}), store, DEFAULT_LR)
     if cfg["method"] == "grpo":
         if "seeds" not in (config or {}):
             cfg["seeds"] = _env_train_seeds(cfg["env"], store) or cfg["seeds"]
@@ -160,54 +159,6 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
     if prepared.config["method"] == "grpo":
         return _run_grpo(prepared, store, name=name, overrides=overrides, replace=replace)
     return _run_sft(prepared, store, name=name, overrides=overrides, replace=replace)
-
-
-def _kind_defaults(cfg: dict[str, Any], raw: dict[str, Any], store: Store) -> None:
-    """Defaults that depend on the model kind: a real checkpoint (imported; `trace_model.json`) gets the
-    paper's / measured values (LoRA SFT at 3e-4, SFT max_length from the demonstrations within the context),
-    a from-scratch preset keeps the toy values it was tuned with. Keys the user set are never changed."""
-    from trace_cli.models.importer import read_meta
-    from trace_cli.models.refs import resolve_model
-
-    method = cfg["method"]
-    try:
-        ref = resolve_model(cfg["model"], store)
-        pretrained = ref.kind == "hf" and read_meta(ref.path).get("kind") == "pretrained"
-    except UsageError:
-        pretrained = False  # the method's own checks report the reference properly
-    if "learning_rate" not in raw:
-        cfg["learning_rate"] = (PRETRAINED_LR if pretrained else DEFAULT_LR)[method]
-    if method == "sft" and pretrained:
-        if "enabled" not in (raw.get("lora") or {}):
-            lora = {"r": 16, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"}  # schema defaults
-            cfg["lora"] = {**lora, **(cfg.get("lora") or {}), "enabled": True}
-        if "max_length" not in raw:
-            cfg["max_length"] = None  # what the demonstrations need, within the model's context
-
-
-def check_prefix(tok, env_ref: Any, seeds: list[int], store: Store, what: str) -> None:
-    """Training needs a prefix-preserving template (the prompt at turn k is a prefix of the transcript):
-    checked on a few reference demonstrations before any compute."""
-    from trace_cli.models.chat import prefix_problems
-    from trace_cli.training.sft import demonstrations
-
-    demos = demonstrations(env_ref, seeds[:PREFIX_CHECK_SEEDS], set(), store)
-    bad = prefix_problems(tok, demos)
-    if bad:
-        raise UsageError(
-            f"{what}: the model's chat template is not prefix-preserving ({bad[0]}); training would teach "
-            "continuations the model never meets when it acts",
-            hint="re-import the model with a built-in template: trace model import SOURCE --chat-template hermes",
-        )
-
-
-def _load_tokenizer(model, what: str):
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(model.path)
-    except Exception as e:  # noqa: BLE001 - any failure here means the directory is not a usable model
-        raise UsageError(f"{what}: cannot load its tokenizer: {e}") from e
 
 
 # ---------------------------------------------------------------------------------------------- sft
@@ -231,7 +182,9 @@ def _prepare_sft(cfg: dict[str, Any], store: Store) -> Prepared:
             f"--model {cfg['model']!r}: SFT starts from a model (store://model/NAME or an HF dir), "
             f"not a {model.kind}"
         )
-    check_prefix(_load_tokenizer(model, f"--model {cfg['model']!r}"), cfg["env"], seeds, store, "sft")
+    from trace_cli.training.checks import check_prefix, load_tokenizer
+
+    check_prefix(load_tokenizer(model, f"--model {cfg['model']!r}"), cfg["env"], seeds, store, "sft")
     env_id = env_identity(cfg["env"], store=store)
     id_config = {**cfg, "model": model.digest, "env": env_id["id"]}
     p = Prepared(
@@ -453,6 +406,8 @@ def _prepare_grpo(cfg: dict[str, Any], store: Store) -> Prepared:
     ctx = getattr(mcfg, "max_position_embeddings", None) or getattr(
         getattr(mcfg, "text_config", None), "max_position_embeddings", None
     )
+    from trace_cli.training.checks import check_prefix
+
     check_prefix(tok, cfg["env"], seeds, store, "grpo")
     lengths = _initial_prompt_tokens(env, seeds[:PROMPT_CHECK_SEEDS], tok)
     seed_long, longest = max(lengths, key=lambda x: x[1])
@@ -617,7 +572,9 @@ def _run_grpo(
     result = train_grpo(spec)
     rows = metrics_rows(result.log_history, lambda s: rollouts_after(spec, world, s))
     if main:
-        failed = _nothing_learned(rows, result.adapter_dir)
+        from trace_cli.training import checks
+
+        failed = checks.nothing_learned(rows, result.adapter_dir)
         if failed:
             shutil.rmtree(work, ignore_errors=True)
             if lock is not None:
@@ -636,7 +593,9 @@ def _run_grpo(
             replace=replace,
         ) as w:
             copy_adapter(result.adapter_dir, w.path / ADAPTER_DIR)
-            _save_tokenizer(ref.path, w.path / ADAPTER_DIR)
+            from trace_cli.training.checks import save_tokenizer
+
+            save_tokenizer(ref.path, w.path / ADAPTER_DIR)
             pq.write_table(pa.Table.from_pylist(rows, schema=GRPO_METRICS_SCHEMA), w.path / METRICS_FILE)
             resolved = {
                 k: v
@@ -663,37 +622,6 @@ def _run_grpo(
     else:
         art = store.get("adapter", prepared.id)
     return {"adapter": art}
-
-
-def _nothing_learned(rows: list[dict[str, Any]], adapter_dir: Path) -> str | None:
-    """Why a finished GRPO run learned nothing (None when it did): every group had a constant reward (no
-    advantage, no gradient), or the adapter's lora_B tensors are all zero (LoRA starts there)."""
-    fracs = [r.get("frac_reward_zero_std") for r in rows]
-    if fracs and all(f is not None and f >= 1.0 for f in fracs):
-        rewards = sorted({round(r["reward"], 4) for r in rows if r.get("reward") is not None})
-        return (
-            f"every group of every step had a constant reward (mean rewards {rewards}): nothing to learn from; "
-            "make the task easier or harder (calibrate the environment) or raise num_generations/temperature"
-        )
-    from safetensors import safe_open
-
-    f = Path(adapter_dir) / "adapter_model.safetensors"
-    if f.is_file():
-        with safe_open(str(f), "pt") as t:
-            keys = [k for k in t.keys() if "lora_B" in k]
-            if keys and all(not t.get_tensor(k).any() for k in keys):
-                return "the adapter's lora_B tensors are all zero: no update reached the adapter"
-    return None
-
-
-def _save_tokenizer(model_dir: Path, dst: Path) -> None:
-    """The adapter carries the tokenizer and chat template it was trained with (and the model's meta)."""
-    from transformers import AutoTokenizer
-
-    from trace_cli.models.importer import copy_meta
-
-    AutoTokenizer.from_pretrained(model_dir).save_pretrained(dst)
-    copy_meta(model_dir, dst)
 
 
 def _mean(rows: list[dict[str, Any]], key: str) -> float | None:
