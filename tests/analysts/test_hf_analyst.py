@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
-from conftest import EpisodeBuilder, labels_answer, small_episodes
+from analyst_helpers import EpisodeBuilder, labels_answer, small_episodes
 from trace_testing import TAU2_DIR, TAU2_FILES, run_cli, snapshot, write_jsonl
 
 from trace_cli.analysts.base import PRESENT, Candidate

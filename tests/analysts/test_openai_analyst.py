@@ -10,7 +10,7 @@ import time
 
 import pytest
 import yaml
-from conftest import EpisodeBuilder, labels_answer, small_episodes
+from analyst_helpers import EpisodeBuilder, labels_answer, small_episodes
 from trace_testing import run_cli, write_jsonl
 
 from trace_cli.analysts.base import ERROR, LACKING, PRESENT, Candidate

@@ -92,8 +92,11 @@ def test_one_episode_crossing_two_capabilities_switches_experts(loaded):
     first = torch.stack(votes[:n_first]).sum(0)
     second = torch.stack(votes[n_first:]).sum(0)
     assert int(first.argmax()) == 1, votes  # the first task: structured_data_reasoning
-    assert first[2] / first.sum() < 0.05, votes  # ... and (almost) never the tool-precision expert
-    assert second[2] / second.sum() > 0.1, votes  # the second task switches tokens to tool_calling_precision
+    share_first, share_second = float(first[2] / first.sum()), float(second[2] / second.sum())
+    assert share_first < 0.1, votes  # ... and rarely the tool-precision expert (every task offers all tools,
+    # so the prompts differ only in the task itself)
+    # the second task switches tokens to tool_calling_precision: a clear share, at least twice the first's
+    assert share_second > max(0.1, 2 * share_first), (share_first, share_second, votes)
     assert any(v[2] > 0 for v in votes[n_first:]), votes
 
 

@@ -70,7 +70,9 @@ def test_protocol_prompt_style_and_shop_schemas(name):
     obs = env.reset(3)
     assert obs.system_prompt == POLICY  # the target's policy style, verbatim
     assert len(obs.messages) == 1 and obs.messages[0]["role"] == "user"
-    assert 3 <= len(obs.tools) <= 6
+    # the target's whole action space (every shop tool), the ones the task needs first, in the template's order
+    names = [t["function"]["name"] for t in obs.tools]
+    assert names[: len(env.TOOLS)] == list(env.TOOLS) and sorted(names) == sorted(TOOL_SCHEMAS)
     for t in obs.tools:
         assert t == TOOL_SCHEMAS[t["function"]["name"]]  # exactly the shop's schema
     assert set(env.tool_sources.values()) == {"shop"}

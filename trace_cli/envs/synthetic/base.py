@@ -163,6 +163,25 @@ def resolve_tools(
     return out, sources
 
 
+def exposed_tools(
+    needed: tuple[str, ...], tools: dict[str, Any] | list[dict[str, Any]] | None
+) -> tuple[str, ...]:
+    """The tools an episode offers: the ones the task needs first, then every other tool of the target that
+    the shop backend implements (without `tools`, every shop tool).
+
+    The agent keeps its whole action space, as in the target: an agent that reaches for a tool it always has
+    there (say, listing a user's orders) gets an answer, not "unknown tool", so the environment measures the
+    capability and not a changed interface."""
+    if isinstance(tools, list):
+        names = [t.get("function", t)["name"] for t in tools]
+    elif isinstance(tools, dict):
+        names = list(tools)
+    else:
+        names = list(TOOL_SCHEMAS)
+    extra = [n for n in names if n not in needed and n in TOOL_SCHEMAS and hasattr(ShopTools, n)]
+    return tuple(needed) + tuple(extra)
+
+
 _IMPL_PARAMS: dict[str, tuple[set[str], set[str]]] = {}
 
 
@@ -213,7 +232,8 @@ class SyntheticEnv(ScriptedConversation):
         self.pinned = {k: self.KNOBS[k].check(tname, k, v) for k, v in knobs.items()}
         self.knobs = {**self.LEVELS[level], **self.pinned}
         self._validate_knobs()
-        self.tool_schemas, self.tool_sources = resolve_tools(self.TOOLS, tools)
+        self.exposed = exposed_tools(self.TOOLS, tools)
+        self.tool_schemas, self.tool_sources = resolve_tools(self.exposed, tools)
         self.name = f"synthetic-{tname}"
         self._scenario: Scenario | None = None
         self._seed: int | None = None
@@ -273,7 +293,7 @@ class SyntheticEnv(ScriptedConversation):
         sc = self._scenario
         return Observation(
             system_prompt=POLICY,
-            tools=[clone(self.tool_schemas[n]) for n in self.TOOLS],
+            tools=[clone(self.tool_schemas[n]) for n in self.exposed],
             messages=[{"role": "user", "content": sc.first_message}],
             task_id=self.task_id,
             info={"env": self.name, "seed": seed, "max_turns": self.max_turns},
