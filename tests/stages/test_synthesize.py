@@ -364,6 +364,11 @@ def make_env(**params):
 """
 SOCKET_MODULE = "import socket\n\ndef make_env(**params):\n    socket.socket()\n"
 WRITE_MODULE = "def make_env(**params):\n    open('{path}', 'w').write('pwned')\n"
+BROKEN_MODULE = "def make_env(**params):\n    raise ValueError('broken on purpose')\n"
+LAZY_MODULE = GOOD_MODULE + (
+    "\n_make = make_env\n\ndef make_env(**params):\n    env = _make(**params)\n"
+    "    env.reference_actions = lambda: [{'content': 'Goodbye.'}]\n    return env\n"
+)
 
 
 class FakeLLM:
@@ -401,8 +406,7 @@ class FakeLLM:
 
 
 def test_llm_authored_module_rejections_kept_then_accepted(st, in_band):
-    evil = st.root.parent / "evil.txt"
-    llm = FakeLLM([SOCKET_MODULE, WRITE_MODULE.format(path=evil)])
+    llm = FakeLLM([BROKEN_MODULE, LAZY_MODULE])
     try:
         diag = make_diagnosis(st, selected=["precondition_verification"])
         art = execute(
@@ -421,14 +425,13 @@ def test_llm_authored_module_rejections_kept_then_accepted(st, in_band):
         ).main
     finally:
         llm.close()
-    assert not evil.exists()
     doc = synth.read_environment(art)
     assert doc["source"] == "module" and doc["module"] == "module.py"
     mods = doc["authoring"]["modules"]
     assert [m["accepted"] for m in mods] == [False, False, True]
-    assert "network access is not allowed" in mods[0]["reason"]
-    assert "writing outside the sandbox directory" in mods[1]["reason"]
-    assert (art.path / "modules" / "attempt-1.py").read_text() == SOCKET_MODULE  # rejected modules are kept
+    assert "ValueError" in mods[0]["reason"] and "broken on purpose" in mods[0]["reason"]
+    assert mods[1]["reason"].startswith("check reference failed")
+    assert (art.path / "modules" / "attempt-1.py").read_text() == BROKEN_MODULE  # rejected modules are kept
     assert "rejected" in llm.requests[1]["messages"][1]["content"]  # the next request is told why
     assert "precondition_verification" in llm.requests[0]["messages"][1]["content"]
     assert (
@@ -454,7 +457,7 @@ def test_llm_authored_module_rejections_kept_then_accepted(st, in_band):
 
 
 def test_llm_author_all_rejected_falls_back_to_template_or_fails(st, in_band):
-    llm = FakeLLM([SOCKET_MODULE] * 4)
+    llm = FakeLLM([BROKEN_MODULE] * 4)
     try:
         diag = make_diagnosis(st, selected=["precondition_verification"])
         base = {
@@ -503,28 +506,36 @@ def test_an_authored_module_that_tries_to_escape_fails_synthesize(st, in_band):
     """Through the real authoring path (an OpenAI-compatible server on loopback answering with escaping
     modules), every module is rejected and, without the template fallback, synthesize fails (exit 1)."""
     evil = st.root.parent / "evil.txt"
-    llm = FakeLLM([FRAME_WALK_MODULE.format(path=evil), FORK_MODULE])
-    try:
-        diag = make_diagnosis(st, selected=["precondition_verification"])
-        with pytest.raises(CheckFailed, match="rejected") as e:
-            execute(
-                "synthesize",
-                {
-                    "diagnosis": diag,
-                    "capability": "precondition_verification",
-                    "model": "policy:random",
-                    "author": "openai",
-                    "calibration": SMALL,
-                    "llm": {"base_url": llm.url, "model": "fake", "attempts": 2, "fallback": "none"},
-                },
-                st,
-            )
-    finally:
-        llm.close()
-    assert e.value.exit_code == 1
-    assert "writing outside the sandbox directory" in e.value.message
-    assert "starting processes" in e.value.message
-    assert not evil.exists() and st.list("environment") == []
+    diag = make_diagnosis(st, selected=["precondition_verification"])
+    for seed, (first, why) in enumerate(
+        (
+            (FRAME_WALK_MODULE.format(path=evil), "writing outside the sandbox directory"),
+            (FORK_MODULE, "starting processes"),
+            (SOCKET_MODULE, "network access is not allowed"),
+            (WRITE_MODULE.format(path=evil), "writing outside the sandbox directory"),
+        )
+    ):
+        llm = FakeLLM([first, GOOD_MODULE])  # a good module would come next: it is never asked for
+        try:
+            with pytest.raises(CheckFailed, match="forbidden action") as e:
+                execute(
+                    "synthesize",
+                    {
+                        "diagnosis": diag,
+                        "capability": "precondition_verification",
+                        "model": "policy:random",
+                        "author": "openai",
+                        "calibration": SMALL,
+                        "seed": seed,  # a new request each time (answers are cached per request)
+                        "llm": {"base_url": llm.url, "model": "fake", "attempts": 3, "fallback": "template"},
+                    },
+                    st,
+                )
+        finally:
+            llm.close()
+        assert e.value.exit_code == 1 and why in e.value.message, e.value.message
+        assert len(llm.requests) == 1  # no further attempt, no template fallback
+        assert not evil.exists() and st.list("environment") == []
 
 
 def _authored(st, in_band) -> object:

@@ -319,6 +319,8 @@ def _author(
         log.append(entry)
         if entry["accepted"]:
             return src, log
+        if entry["reason"].startswith("blocked:"):  # a forbidden action: stop asking this author (see run())
+            break
         feedback = entry["reason"]
     return None, log
 
@@ -354,6 +356,21 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
     fallback = None
     if cfg["author"] != "template":
         module_src, modules = _author(cfg, store, prepared, limits)
+        blocked = [(i + 1, m["reason"]) for i, m in enumerate(modules) if m["reason"].startswith("blocked:")]
+        if blocked:
+            # A module that tried something the sandbox forbids (files outside its directory, processes, the
+            # network, introspection) means the authoring channel is not trustworthy (the prompt embeds
+            # third-party rollout text): no fallback, no later attempt, nothing stored.
+            i, why = blocked[0]
+            err = CheckFailed(
+                f"attempt {i} of the {cfg['author']} author wrote a module for {cap} that tried a forbidden action "
+                f"({why}); refusing to store any environment from this author run"
+            )
+            err.details = {
+                "capability": cap,
+                "modules": [{k: v for k, v in m.items() if k != "source"} for m in modules],
+            }
+            raise err
         if module_src is None:
             reasons = "; ".join(f"attempt {i + 1}: {m['reason']}" for i, m in enumerate(modules))
             if cfg["llm"]["fallback"] == "template" and cap in TEMPLATES:
