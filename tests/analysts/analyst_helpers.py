@@ -188,7 +188,9 @@ def _handler(state: Scripted):
             n = int(self.headers.get("Content-Length") or 0)
             req = json.loads(self.rfile.read(n) or b"{}")
             with state.lock:
-                state.requests.append({"path": self.path, "headers": dict(self.headers), "json": req})
+                # header names are case-insensitive (the SDK sends `authorization`): keep the parsed
+                # headers object, whose `in` and `get` ignore case as a real server does
+                state.requests.append({"path": self.path, "headers": self.headers, "json": req})
                 action = state.script.popleft() if state.script else state.default
                 state.in_flight += 1
                 state.max_in_flight = max(state.max_in_flight, state.in_flight)
@@ -227,11 +229,3 @@ def llm_server():
     finally:
         srv.shutdown()
         srv.server_close()
-
-
-@pytest.fixture(autouse=True)
-def _fast_backoff(monkeypatch):
-    from trace_cli.analysts import openai as openai_mod
-
-    monkeypatch.setattr(openai_mod, "BACKOFF_BASE_S", 0.01)
-    monkeypatch.setattr(openai_mod, "BACKOFF_MAX_S", 0.05)

@@ -1,6 +1,7 @@
-"""The `openai` analyst against a real HTTP server on loopback (scripted answers): retries on malformed JSON,
-5xx and timeouts, ERROR labels when answers stay invalid, fail-fast on 401, bounded concurrency, the
-response cache, and the API key never reaching the store."""
+"""The `openai` analyst against a real HTTP server on loopback (scripted answers), through the openai SDK:
+retries on malformed JSON, 5xx and timeouts (the SDK's), dropped parameters, ERROR labels when answers stay
+invalid, fail-fast on 401, bounded concurrency, the response cache, the API key never reaching the store,
+and the environment author on the same client."""
 
 from __future__ import annotations
 
@@ -83,6 +84,38 @@ def test_timeout_then_valid(llm_server):
     labels = OpenAIAnalyst(cfg(llm_server, timeout_s=0.3)).label(one_episode(), CAPS, 0, 0)
     assert llm_server.count == 2 and {lb.label for lb in labels} == {PRESENT}
     assert time.monotonic() - t0 < 1.4  # did not wait for the slow answer
+
+
+def test_the_sdk_retries_transport_failures_within_the_budget(llm_server):
+    """Retries of 5xx are the SDK's (its retry-count header counts them), bounded by llm.max_retries; a
+    server that stays down gives ERROR labels naming the status."""
+    llm_server.script.extend([("status", 503, {"error": {"message": "warming up"}})] * 2)
+    labels = OpenAIAnalyst(cfg(llm_server)).label(one_episode(), CAPS, 0, 0)
+    assert {lb.label for lb in labels} == {PRESENT}
+    assert [r["headers"]["x-stainless-retry-count"] for r in llm_server.requests] == ["0", "1", "2"]
+    llm_server.default = lambda req: ("status", 503, {"error": {"message": "still down"}})
+    labels = OpenAIAnalyst(cfg(llm_server, max_retries=1)).label(one_episode(), CAPS, 0, 0)
+    assert llm_server.count == 3 + 2
+    assert [lb.label for lb in labels] == [ERROR, ERROR]
+    assert "after 2 attempt(s)" in labels[0].rationale and "HTTP 503: still down" in labels[0].rationale
+
+
+def test_a_parameter_the_server_rejects_is_dropped(llm_server):
+    """A server without JSON mode answers 400 naming response_format: ask again without it (and keep it off)."""
+    llm_server.script.append(
+        (
+            "status",
+            400,
+            {"error": {"message": "response_format is not supported", "type": "invalid_request_error"}},
+        )
+    )
+    a = OpenAIAnalyst(cfg(llm_server))
+    labels = a.label(small_episodes(2, 0), CAPS, 0, 0)
+    assert {lb.label for lb in labels} == {PRESENT}
+    assert llm_server.count == 3
+    assert "response_format" in llm_server.requests[0]["json"]
+    assert all("response_format" not in r["json"] for r in llm_server.requests[1:])
+    assert all(r["json"]["seed"] == 0 for r in llm_server.requests)
 
 
 def test_answers_that_stay_invalid_become_error_labels(llm_server):
@@ -182,6 +215,46 @@ def test_discovery_that_stays_invalid_is_a_usage_error(llm_server):
     llm_server.default = lambda req: ("text", "{}")
     with pytest.raises(UsageError, match="discovery failed"):
         OpenAIAnalyst(cfg(llm_server, max_retries=1)).discover(small_episodes(), 10, 0)
+
+
+# ------------------------------------------------------------------ the environment author shares the client
+
+
+def test_env_author_asks_through_the_same_client(llm_server, monkeypatch):
+    from trace_cli.envs.synthetic.author import author_messages, write_module
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    src = "def make_env(**params):\n    return None\n"
+    llm_server.script.extend([("text", "no module here"), ("text", json.dumps({"module": src}))])
+    msgs = author_messages("precondition_verification", "Read before writing.", [], [])
+    llm = {"base_url": llm_server.url, "model": "author-model", "max_retries": 2, "temperature": 0.2}
+    assert write_module("openai", llm, None, msgs, seed=7, attempt=1) == (src, None)
+    first, second = (r["json"] for r in llm_server.requests)
+    assert llm_server.requests[0]["path"] == "/v1/chat/completions"
+    assert first["model"] == "author-model" and first["temperature"] == 0.2 and first["seed"] == 7
+    assert first["response_format"] == {"type": "json_object"} and first["messages"] == msgs
+    assert second["seed"] != 7  # an invalid answer is asked again with another seed
+    assert "Authorization" not in llm_server.requests[0]["headers"]
+
+
+def test_env_author_errors_exit_2(llm_server):
+    from trace_cli.envs.synthetic.author import write_module
+
+    msgs = [{"role": "user", "content": "write"}]
+    with pytest.raises(UsageError, match="cannot reach") as ei:
+        write_module(
+            "openai",
+            {"base_url": "http://127.0.0.1:9/v1", "model": "m", "max_retries": 0},
+            None,
+            msgs,
+            seed=0,
+            attempt=1,
+        )
+    assert ei.value.exit_code == 2
+    llm_server.default = lambda req: ("status", 401, {"error": {"message": "Invalid API key provided"}})
+    with pytest.raises(UsageError, match="HTTP 401") as ei:
+        write_module("openai", {"base_url": llm_server.url, "model": "m"}, None, msgs, seed=0, attempt=1)
+    assert ei.value.exit_code == 2 and llm_server.count == 1
 
 
 # ------------------------------------------------------------------ through the stage and the CLI

@@ -1,11 +1,15 @@
-"""The one OpenAI SDK client factory: references `openai:URL?model=NAME`, keys from the environment, and SDK
-errors mapped to ours (a bad key, model or request is the user's to fix: exit 2).
+"""The one OpenAI SDK client: references `openai:URL?model=NAME`, keys from the environment, SDK errors mapped
+to ours (a bad key, model or request is the user's to fix: exit 2), and `ChatClient`, the JSON-mode chat
+completions the diagnose analyst and the environment author send.
 
-The SDK does the retrying (exponential backoff on connection errors, 408/409/429/5xx) and the timeouts.
+The SDK does the retrying (exponential backoff on connection errors, 408/409/429/5xx, honouring Retry-After)
+and the timeouts; nothing here speaks HTTP itself. This is a low layer: it imports only the SDK and
+`trace_cli.errors`, so that analysts, envs and agents can all use it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -62,14 +66,24 @@ def parse_ref(ref: str) -> Endpoint:
     return Endpoint(**kw)
 
 
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+_NO_KEY = "not-needed"
+
+
 def make_client(ep: Endpoint):
-    """An `openai.OpenAI` for the endpoint. Local servers need no key: a placeholder is sent then."""
+    """An `openai.OpenAI` for the endpoint. Local servers need no key: a placeholder is sent then. Loopback
+    addresses bypass any HTTP(S)_PROXY of the environment (a proxy cannot reach our loopback)."""
     try:
         import openai
     except ImportError as e:  # pragma: no cover - a dependency of the package
         raise UsageError("the `openai` package is not installed", hint="pip install openai") from e
-    key = os.environ.get(ep.api_key_env) or "not-needed"
-    return openai.OpenAI(base_url=ep.base_url, api_key=key, timeout=ep.timeout, max_retries=ep.max_retries)
+    key = os.environ.get(ep.api_key_env) or _NO_KEY
+    kw: dict[str, Any] = {}
+    if urlsplit(ep.base_url).hostname in _LOOPBACK:
+        kw["http_client"] = openai.DefaultHttpxClient(trust_env=False)
+    return openai.OpenAI(
+        base_url=ep.base_url, api_key=key, timeout=ep.timeout, max_retries=ep.max_retries, **kw
+    )
 
 
 def api_error(e: Exception, ep: Endpoint) -> Exception:
@@ -92,9 +106,142 @@ def api_error(e: Exception, ep: Endpoint) -> Exception:
 
 
 def _message(e: Any) -> str:
+    """The server's own words from an SDK status error: OpenAI's error.message, FastAPI's detail, or text."""
     body = getattr(e, "body", None)
     if isinstance(body, dict):
         err = body.get("error", body)
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])
+        if isinstance(err, dict):
+            for key in ("message", "detail"):
+                if err.get(key):
+                    return str(err[key])
+        elif err:
+            return str(err)
+    if isinstance(body, str) and body.strip():
+        return body
     return str(getattr(e, "message", e))
+
+
+# ------------------------------------------------------------------------------------------ JSON-mode chat
+
+RETRY_STATUS = frozenset({408, 409, 425, 429})  # with 5xx: the SDK retried these; still failing = unavailable
+DROPPABLE = ("response_format", "seed")  # parameters some servers reject; dropped after a 400 naming them
+
+
+class Unavailable(Exception):
+    """No answer after the SDK's retries: timeout, connection error, 408/429/5xx. `unreachable`: nothing
+    listened at the address (connection refused, unknown host) on the last try."""
+
+    def __init__(self, message: str, *, unreachable: bool = False):
+        super().__init__(message)
+        self.unreachable = unreachable
+
+
+class MalformedReply(ValueError):
+    """An HTTP 200 that is not a chat completion with message text."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    body: bytes  # the response body as the server sent it
+    attempts: int  # HTTP requests it took (1 + the SDK's retries + re-sends without a rejected parameter)
+
+    def text(self) -> str:
+        """The first choice's message text (content parts joined). Raises MalformedReply."""
+        try:
+            msg = json.loads(self.body)["choices"][0]["message"]
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            raise MalformedReply(f"not a chat-completions response ({type(e).__name__})") from e
+        content = msg.get("content") if isinstance(msg, dict) else None
+        if isinstance(content, list):  # content parts
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        if not isinstance(content, str) or not content.strip():
+            raise MalformedReply("the response has no message text")
+        return content
+
+
+class ChatClient:
+    """Chat completions for one endpoint with fixed sampling parameters, JSON mode on request.
+
+    `complete` raises `Unavailable` (worth asking again later), or `UsageError` for any other 4xx (a bad key,
+    model or URL: the user's to fix). `what` names the server in messages ("the analyst server"); `hints`
+    maps a status to its fix, in the words of the caller's options. Thread-safe: one SDK client, shared."""
+
+    def __init__(
+        self,
+        ep: Endpoint,
+        *,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        json_mode: bool = False,
+        what: str = "the server",
+        hints: dict[int, str] | None = None,
+        client: Any = None,
+    ):
+        self.ep = ep
+        self.params: dict[str, Any] = {}
+        if temperature is not None:
+            self.params["temperature"] = temperature
+        if max_tokens is not None:
+            self.params["max_tokens"] = max_tokens
+        if json_mode:
+            self.params["response_format"] = {"type": "json_object"}
+        self.what = what
+        self.hints = hints or {}
+        self.client = client or make_client(ep)
+        self.url = f"{ep.base_url}/chat/completions"
+        # no key in the environment: send no Authorization header at all (the SDK's documented opt-out)
+        self._headers: dict[str, Any] | None = None
+        if self.client.api_key == _NO_KEY:
+            import openai
+
+            self._headers = {"Authorization": openai.Omit()}
+        self._dropped: set[str] = set()
+
+    def complete(
+        self, messages: list[dict[str, Any]], *, seed: int | None = None, max_retries: int | None = None
+    ) -> Reply:
+        """One answer, with up to `max_retries` (default the endpoint's) retries in all."""
+        import openai
+
+        budget = (self.ep.max_retries if max_retries is None else max_retries) + 1
+        spent = 0
+        while True:
+            body = {**self.params, **({"seed": seed} if seed is not None else {})}
+            for p in self._dropped:
+                body.pop(p, None)
+            client = self.client.with_options(max_retries=budget - spent - 1)
+            try:
+                raw = client.chat.completions.with_raw_response.create(
+                    model=self.ep.model, messages=messages, extra_headers=self._headers, **body
+                )
+            except openai.BadRequestError as e:
+                spent += 1  # a 400 is not retried by the SDK
+                msg = _message(e)
+                bad = [p for p in DROPPABLE if p in msg.lower() and p in body]
+                if bad and spent < budget:  # e.g. a server without JSON mode: ask again without it
+                    self._dropped.update(bad)
+                    continue
+                raise self._usage_error(e) from None
+            except openai.APIStatusError as e:
+                if e.status_code in RETRY_STATUS or e.status_code >= 500:
+                    raise Unavailable(f"HTTP {e.status_code}: {_message(e)}") from None
+                raise self._usage_error(e) from None
+            except openai.APITimeoutError:
+                raise Unavailable(f"timed out after {self.ep.timeout:g} s") from None
+            except openai.APIConnectionError as e:
+                cause = e.__cause__
+                refused = any(c.__name__ == "ConnectError" for c in type(cause).__mro__)
+                raise Unavailable(
+                    f"cannot connect to {self.ep.base_url}: {cause or e}"
+                    if refused
+                    else f"connection error: {cause or e}",
+                    unreachable=refused,
+                ) from None
+            return Reply(raw.http_response.content, spent + raw.retries_taken + 1)
+
+    def _usage_error(self, e: Any) -> UsageError:
+        msg = " ".join(_message(e).split())[:300]
+        return UsageError(
+            f"{self.what} {self.url} answered HTTP {e.status_code} for model {self.ep.model!r}: {msg}",
+            hint=self.hints.get(e.status_code),
+        )

@@ -3,9 +3,9 @@
 The prompt gives the capability (name, description), a few failed trajectories the diagnosis cites, the
 target's tool schemas, and the module contract (see `trace_cli.envs.sandbox`) with a compact example built
 on `SyntheticEnv`. The answer is JSON `{"module": "<python source>"}` (or a fenced python block). Requests go
-through the diagnose analysts (`openai`: any OpenAI-compatible server; `hf`: a local model), so they share
-their HTTP conventions, retries and the store's response cache. The module is never run here: the stage
-checks it in the sandbox.
+through the diagnose analysts (`openai`: any OpenAI-compatible server, over the one SDK client in
+`trace_cli.llm.openai_client` with the SDK's retries and timeouts; `hf`: a local model), so they share the
+store's response cache. The module is never run here: the stage checks it in the sandbox.
 """
 
 from __future__ import annotations
