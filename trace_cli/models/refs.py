@@ -286,6 +286,26 @@ def load_policy(
         )
     from trace_cli.models.importer import context_of, read_meta
 
+    if ref.kind == "composition":
+        # adapters combined by `trace compose` on their base model: the router routes each conversation,
+        # moe gates each token, merge is one merged model (trace_cli.compose.policy; imported lazily, as above)
+        from transformers import AutoConfig
+
+        from trace_cli.compose.policy import load_composition_policy
+
+        return load_composition_policy(
+            ref.adapter_path,
+            ref.path,
+            base_digest=ref.extra.get("base_digest"),
+            name=ref.display,
+            tool_format=read_meta(ref.path).get("tool_format"),
+            max_context=context_of(AutoConfig.from_pretrained(ref.path)),
+            temperature=temperature,
+            top_p=top_p,
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+            record_tokens=record_tokens,
+        )
     model, tok = load_hf(ref)
     meta = read_meta(ref.path)
     return policies.HFPolicy(
