@@ -31,6 +31,7 @@ def served_name(ref: str) -> str:
     epilog=(
         "Examples:\n\n  trace serve store://model/base --port 8000\n\n"
         "  trace serve store://adapter/precondition --port 8001 --api-key secret\n\n"
+        "  trace serve store://composition/router --port 8002\n\n"
         "Clients: the model id is NAME (the artifact's name; --name to change it).\n\n"
         f"\b\nτ²-bench (LiteLLM):\n  {TAU2}\n\n"
         "  trace eval --model 'openai:http://127.0.0.1:PORT/v1?model=NAME' --env shop --seeds 0:50\n\n"
@@ -60,10 +61,12 @@ def served_name(ref: str) -> str:
 )
 @store_option
 def serve(model_ref, host, port, api_key, model_name, max_tokens, batch_window_ms, max_batch, store_dir):
-    """Serve a model (store://model/NAME, store://adapter/NAME, an HF dir) at /v1/chat/completions.
+    """Serve a model (store://model/NAME, store://adapter/NAME, store://composition/NAME, an HF dir) at
+    /v1/chat/completions.
 
     Tool calls come back in OpenAI's `tool_calls` format, parsed with the model's own tool-call parser;
-    concurrent requests are batched into one generate call.
+    concurrent requests are batched into one generate call. A composition routes as it does in eval (a
+    router decides on the request's messages and names its choice in the x-trace-route response header).
     """
     import socket
 
@@ -71,9 +74,10 @@ def serve(model_ref, host, port, api_key, model_name, max_tokens, batch_window_m
     from trace_cli.models.refs import load_policy, resolve_model
 
     ref = resolve_model(model_ref, open_store(store_dir))
-    if ref.kind not in ("hf", "adapter"):
+    if ref.kind not in ("hf", "adapter", "composition"):
         raise UsageError(
-            f"{model_ref!r} is a {ref.kind} reference; trace serve serves local models and adapters"
+            f"{model_ref!r} is a {ref.kind} reference; trace serve serves local models, adapters and "
+            "compositions"
         )
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         try:

@@ -87,6 +87,7 @@ class RouterPolicy(HFPolicy):
         self.label_ids = label_ids(tokenizer, len(self.skills))
         self.merger = merger
         self.decisions: list[dict[str, Any]] = []  # every routing decision, in order (for reports and tests)
+        self.last_routes: list[dict[str, float]] = []  # the last `generate` call's decisions, one per prompt
 
     def route(self, conversations: list[list[dict[str, Any]]]) -> list[dict[int, float]]:
         """One mix (expert index -> alpha; empty = base) per conversation, from the frozen base model."""
@@ -138,9 +139,18 @@ class RouterPolicy(HFPolicy):
                 out[i] = text
         return out  # type: ignore[return-value]
 
-    def generate(self, prompts: list[str], **kw) -> list[tuple[str, list[int], list[int]]]:
-        """Rendered prompts without their messages (`trace serve`): each prompt's text is what is routed."""
-        mixes = self.route([[{"role": "user", "content": p[-4000:]}] for p in prompts])
+    def generate(
+        self, prompts: list[str], *, conversations: list[list[dict[str, Any]]] | None = None, **kw
+    ) -> list[tuple[str, list[int], list[int]]]:
+        """Rendered prompts (`trace serve`), each routed on its conversation as eval routes it: on the messages
+        up to the user message at which eval would have decided (`routed_part`). Without conversations, on
+        the prompt's text. `last_routes` then holds each prompt's decision, as eval records it."""
+        if conversations is None:
+            parts = [[{"role": "user", "content": p[-4000:]}] for p in prompts]
+        else:
+            parts = [routed_part(c, self.settings["reroute"]) for c in conversations]
+        mixes = self.route(parts)
+        self.last_routes = [{self.skills[i].name: a for i, a in m.items()} or {"base": 1.0} for m in mixes]
         out: list[Any] = [None] * len(prompts)
         groups: dict[tuple, list[int]] = {}
         for i, mix in enumerate(mixes):
@@ -150,6 +160,17 @@ class RouterPolicy(HFPolicy):
             for i, r in zip(idx, super().generate([prompts[i] for i in idx], **kw), strict=True):
                 out[i] = r
         return out
+
+
+def routed_part(messages: list[dict[str, Any]], reroute: str) -> list[dict[str, Any]]:
+    """The messages eval's router decided on for the next assistant turn of this conversation: eval routes
+    when a user message arrives (the first one only, or every one with `reroute: user_turn`) and keeps that
+    decision for the tool calls and turns that follow, so a stateless request is routed on the conversation
+    up to and including its first (or last) user message. Without a user message: all of it."""
+    users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+    if not users:
+        return messages
+    return messages[: (users[-1] if reroute == "user_turn" else users[0]) + 1]
 
 
 def load_composition_policy(
@@ -173,4 +194,4 @@ def load_composition_policy(
     return policy
 
 
-__all__ = ["GATES_FILE", "RouterPolicy", "load_composition_policy", "load_model"]
+__all__ = ["GATES_FILE", "RouterPolicy", "load_composition_policy", "load_model", "routed_part"]

@@ -2,7 +2,8 @@
 temperature, top_p, max_tokens, stop, n, stream). Errors use OpenAI's body
 `{"error": {"message", "type", "param", "code"}}`: a malformed request is HTTP 400, a wrong key 401, an
 unknown model 404. Parameters the server does not use (seed, user, logprobs, ...) are accepted and ignored,
-as LiteLLM and other clients send them."""
+as LiteLLM and other clients send them. A router composition routes each request on its messages as eval
+does and names its decision in the `x-trace-route` response header (JSON: skill -> weight)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from trace_cli.serve.engine import Engine, RequestError, to_completion, to_internal
 
 MAX_N = 16
+ROUTE_HEADER = "x-trace-route"  # a router composition's decision for the request
 
 
 class Message(BaseModel):
@@ -149,7 +151,7 @@ def create_app(engine: Engine, *, api_key: str | None = None, default_max_tokens
         max_tokens = req.max_completion_tokens or req.max_tokens or default_max_tokens
         stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         key = (req.temperature, req.top_p, max_tokens)
-        outs = await asyncio.gather(*(engine.generate(prompt, key) for _ in range(req.n)))
+        outs = await asyncio.gather(*(engine.generate(prompt, key, messages) for _ in range(req.n)))
         choices = [
             to_completion(
                 text,
@@ -161,7 +163,7 @@ def create_app(engine: Engine, *, api_key: str | None = None, default_max_tokens
                 eos_id=engine.eos_id,
                 parse=engine.parse,
             )
-            for i, (text, ids, _) in enumerate(outs)
+            for i, (text, ids, _, _) in enumerate(outs)
         ]
         usage = {
             "prompt_tokens": len(outs[0][2]),
@@ -169,11 +171,15 @@ def create_app(engine: Engine, *, api_key: str | None = None, default_max_tokens
         }
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        route = outs[0][3]
+        headers = {ROUTE_HEADER: json.dumps(route, sort_keys=True)} if route is not None else None
         if req.stream:
             return StreamingResponse(
-                _sse(rid, created, engine.name, choices, usage), media_type="text/event-stream"
+                _sse(rid, created, engine.name, choices, usage),
+                media_type="text/event-stream",
+                headers=headers,
             )
-        return {
+        body = {
             "id": rid,
             "object": "chat.completion",
             "created": created,
@@ -193,6 +199,7 @@ def create_app(engine: Engine, *, api_key: str | None = None, default_max_tokens
             ],
             "usage": usage,
         }
+        return JSONResponse(body, headers=headers)
 
     return app
 

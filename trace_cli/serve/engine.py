@@ -3,7 +3,9 @@ the completion parsed with the model's tool-call parser into OpenAI `tool_calls`
 
 Concurrent requests are batched: a request waits up to `window_s` for others, and those with the same
 sampling settings share one `generate` call (left-padded, as in eval). Generation runs on one worker
-thread, so the event loop keeps accepting requests meanwhile.
+thread, so the event loop keeps accepting requests meanwhile. A policy that routes conversations (a router
+composition) gets each request's messages with its prompt, so it decides as it does in eval; its decision
+comes back with the completion.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ class Job:
     prompt: str
     key: tuple  # (temperature, top_p, max_tokens): jobs with equal keys share a generate call
     future: asyncio.Future = field(repr=False)
+    messages: list[dict[str, Any]] | None = None  # the conversation (internal form) the prompt renders
 
 
 def to_completion(
@@ -149,6 +152,8 @@ class Engine:
         self.max_batch = max_batch
         self.eos_id = list(policy.eos)  # every stop token of the model (tokenizer + generation config)
         self.parse = getattr(policy, "parse", None)
+        # a router composition routes each conversation on its messages (compose.policy.RouterPolicy)
+        self.routes = hasattr(policy, "last_routes")
         self._queue: asyncio.Queue[Job] | None = None
         self._task: asyncio.Task | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
@@ -170,11 +175,23 @@ class Engine:
                 pass
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    async def generate(self, prompt: str, key: tuple) -> tuple[str, list[int], list[int]]:
+    async def generate(
+        self, prompt: str, key: tuple, messages: list[dict[str, Any]] | None = None
+    ) -> tuple[str, list[int], list[int], dict[str, float] | None]:
+        """(text, completion ids, prompt ids, routing decision or None) for one rendered prompt."""
         assert self._queue is not None, "Engine.start() first"
         fut = asyncio.get_running_loop().create_future()
-        await self._queue.put(Job(prompt, key, fut))
+        await self._queue.put(Job(prompt, key, fut, messages))
         return await fut
+
+    def _generate(self, jobs: list[Job], temperature, top_p, max_tokens) -> list[tuple]:
+        """One batched generate call (on the worker thread, which also reads the router's decisions)."""
+        kw: dict[str, Any] = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_tokens}
+        prompts = [j.prompt for j in jobs]
+        if not self.routes:
+            return [(*out, None) for out in self.policy.generate(prompts, **kw)]
+        outs = self.policy.generate(prompts, conversations=[j.messages or [] for j in jobs], **kw)
+        return [(*out, route) for out, route in zip(outs, self.policy.last_routes, strict=True)]
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -203,10 +220,7 @@ class Engine:
                 self.batches.append(len(jobs))
                 try:
                     outs = await loop.run_in_executor(
-                        self._pool,
-                        lambda jobs=jobs, t=temperature, p=top_p, m=max_tokens: self.policy.generate(
-                            [j.prompt for j in jobs], temperature=t, top_p=p, max_new_tokens=m
-                        ),
+                        self._pool, self._generate, jobs, temperature, top_p, max_tokens
                     )
                 except Exception as e:  # noqa: BLE001 - every waiting request gets the error (HTTP 500)
                     for j in jobs:
