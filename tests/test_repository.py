@@ -34,3 +34,23 @@ def test_vendored_tau2_data_has_licence_and_readme():
     assert "MIT" in (TAU2_DIR / "LICENSE").read_text()
     tracked = set(tracked_files())
     assert all(f"examples/tau2/{f}" in tracked for f in TAU2_FILES.values())
+
+
+def test_the_demo_base_agent_is_committed_small_and_documented():
+    """recipes/demo.yaml imports examples/demo-base-agent; recipes/base-agent.yaml says how it was built and
+    names the weights' sha256 prefix, which must match the committed file."""
+    import hashlib
+    from pathlib import Path
+
+    d = REPO / "examples" / "demo-base-agent"
+    tracked = subprocess.run(
+        ["git", "ls-files", str(d)], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    names = {Path(p).name for p in tracked}
+    assert {"model.safetensors", "config.json", "tokenizer.json", "chat_template.jinja"} <= names
+    weights = d / "model.safetensors"
+    assert weights.stat().st_size <= 20 * 2**20
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()
+    recipe = (REPO / "recipes" / "base-agent.yaml").read_text()
+    assert f"sha256 {digest[:8]}" in recipe
+    assert "source: ../examples/demo-base-agent" in (REPO / "recipes" / "demo.yaml").read_text()
