@@ -199,10 +199,6 @@ class SandboxWorker:
         finally:
             self._startup = False
 
-    @property
-    def network_isolation(self) -> str:  # kept for callers that report it
-        return self.isolation
-
     # -- lifecycle ---------------------------------------------------------------------------------------
     def close(self) -> None:
         self._finalizer()
@@ -437,15 +433,15 @@ def check_module(
             leakage_seeds=leakage_seeds,
         )
     except (SandboxViolation, SandboxError) as e:
-        return ModuleVerdict(False, e.reason, network_isolation=worker.network_isolation)
+        return ModuleVerdict(False, e.reason, network_isolation=worker.isolation)
     except Exception as e:  # noqa: BLE001 - malformed answers (wrong types) are the module's fault
         return ModuleVerdict(
             False,
             f"the module's answers are malformed: {type(e).__name__}: {e}",
-            network_isolation=worker.network_isolation,
+            network_isolation=worker.isolation,
         )
     finally:
         worker.close()
     failed = [r for r in results if not r.passed]
     reason = "accepted" if not failed else f"check {failed[0].name} failed: {failed[0].message}"
-    return ModuleVerdict(not failed, reason, [r.to_dict() for r in results], worker.network_isolation)
+    return ModuleVerdict(not failed, reason, [r.to_dict() for r in results], worker.isolation)
