@@ -284,3 +284,19 @@ def test_demo_recipe_ingest_steps_run_twice_in_a_subprocess(tau2_dir, tmp_path):
     assert got == {Path(s["with"]["path"]).name: expected[Path(s["with"]["path"]).name] for s in steps}
     names = {n for _, n, _ in Store(store).names()}
     assert {s["name"] for s in steps if s.get("name")} <= names
+
+
+def test_model_source_paths_are_relative_to_the_recipe_but_builtin_names_stay(tmp_path):
+    from trace_cli.recipes.model import Step
+    from trace_cli.recipes.runner import _resolve_paths
+
+    (tmp_path / "weights").mkdir()
+    step = Step(id="m", uses="model", with_={}, name=None, index=0)
+    got = _resolve_paths(step, {"source": "weights"}, tmp_path)
+    assert got["source"] == str((tmp_path / "weights").resolve())
+    got = _resolve_paths(step, {"source": "../elsewhere/dir"}, tmp_path)
+    assert got["source"] == str((tmp_path / "../elsewhere/dir").resolve())
+    assert (
+        _resolve_paths(step, {"source": "smollm2-135m-instruct"}, tmp_path)["source"]
+        == "smollm2-135m-instruct"
+    )

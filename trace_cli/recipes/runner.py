@@ -42,6 +42,8 @@ def _resolve_paths(step: Step, config: dict[str, Any], base: Path) -> dict[str, 
     for key in getattr(get_stage(step.uses), "PATH_KEYS", ()):
         v = out.get(key)
         if isinstance(v, str) and v and not v.startswith("store://") and not Path(v).is_absolute():
+            if "/" not in v and not (base / v).exists():
+                continue  # a bare name that is no file next to the recipe (e.g. a built-in model source)
             out[key] = str((base / v).resolve())
     return out
 

@@ -11,6 +11,7 @@ from trace_cli.store import Artifact, Store
 
 NAME = "model"
 OUTPUTS = {"model": "model"}
+PATH_KEYS = ("source",)  # an HF directory or .gguf file, relative to the recipe (built-in names stay as they are)
 
 
 def check_envs(names: list[str]) -> None:
