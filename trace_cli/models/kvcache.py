@@ -82,14 +82,17 @@ def generate_reusing(
                     v[i, :, wc - r :] = kv.layers[li][1][:, :r]
             layers.append((k, v))
         kwargs["past_key_values"] = DynamicCache(layers)
+    gc = gen_kwargs.pop("generation_config", None)
+    if gc is not None:  # one object, not an object plus loose arguments (transformers deprecates mixing)
+        import copy
+
+        gc = copy.copy(gc)
+        gc.return_dict_in_generate = True
+        gen_kwargs["generation_config"] = gc
+    else:
+        gen_kwargs["return_dict_in_generate"] = True
     with torch.no_grad():
-        out = model.generate(
-            input_ids=ids.to(device),
-            attention_mask=att.to(device),
-            return_dict_in_generate=True,
-            **gen_kwargs,
-            **kwargs,
-        )
+        out = model.generate(input_ids=ids.to(device), attention_mask=att.to(device), **gen_kwargs, **kwargs)
     seqs = out.sequences[:, wc + wn :].tolist()
     g = len(seqs[0]) if seqs else 0
     kv_layers = _cache_layers(out.past_key_values)
