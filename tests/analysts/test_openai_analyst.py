@@ -109,7 +109,9 @@ def test_a_parameter_the_server_rejects_is_dropped(llm_server):
             {"error": {"message": "response_format is not supported", "type": "invalid_request_error"}},
         )
     )
-    a = OpenAIAnalyst(cfg(llm_server))
+    # one request at a time: with concurrent requests, a second one could be sent (with the parameter) before
+    # the first one's 400 arrives, and the order of requests would be a race
+    a = OpenAIAnalyst(cfg(llm_server, concurrency=1))
     labels = a.label(small_episodes(2, 0), CAPS, 0, 0)
     assert {lb.label for lb in labels} == {PRESENT}
     assert llm_server.count == 3
