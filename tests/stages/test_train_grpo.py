@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-from grpo_helpers import CAPABILITY, ENV_VARS, grpo_config, register_parity, set_env, tiny_model  # noqa: E402
+from grpo_helpers import CAPABILITY, ENV_VARS, TEST_ENV, grpo_config, register_parity, set_env, tiny_model  # noqa: E402
 from trace_testing import BIN, REPO, run_cli, snapshot  # noqa: E402
 
 from trace_cli.stages.base import execute  # noqa: E402
@@ -38,13 +38,13 @@ def trained(model_dir, tmp_path_factory):
     return store, out
 
 
-def _train_args(model_dir, store, *extra):
+def _train_args(model_dir, store, *extra, env="shop"):
     return [
         "train",
         "--method",
         "grpo",
         "--env",
-        "shop",
+        env,
         "--model",
         str(model_dir),
         "--store",
@@ -289,10 +289,27 @@ def test_recipe_can_reference_the_adapter(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- slow
+_SITE: list[str] = []
+
+
 def _env() -> dict[str, str]:
+    """The environment of a real `trace` subprocess (also under `accelerate launch`): a sitecustomize on
+    PYTHONPATH registers the parity environment in every process, since the tiny model earns a constant reward
+    on shop and a GRPO run that learns nothing exits 1."""
+    import tempfile
+
+    if not _SITE:
+        d = Path(tempfile.mkdtemp(prefix="trace-grpo-site-"))
+        helpers = Path(__file__).resolve().parents[1] / "training"
+        (d / "sitecustomize.py").write_text(
+            f"import sys\nsys.path.insert(0, {str(helpers)!r})\n"
+            "from grpo_helpers import register_parity\nregister_parity()\n"
+        )
+        _SITE.append(str(d))
     e = dict(os.environ)
     e.update(ENV_VARS)
     e.pop("TRACE_STORE", None)
+    e["PYTHONPATH"] = os.pathsep.join([_SITE[0], *filter(None, [e.get("PYTHONPATH")])])
     return e
 
 
@@ -307,7 +324,9 @@ def test_kill_and_resume(model_dir, tmp_path):
     the checkpoint and ends with the uninterrupted number of optimizer steps."""
     store = tmp_path / "store"
     steps = 4
-    args = _train_args(model_dir, store, "--max-steps", str(steps), "--set", "checkpoint_every=1", "--json")
+    args = _train_args(
+        model_dir, store, "--max-steps", str(steps), "--set", "checkpoint_every=1", "--json", env=TEST_ENV
+    )
     proc = subprocess.Popen(
         _trace() + args, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -377,6 +396,7 @@ def test_accelerate_two_processes(model_dir, tmp_path, form):
         "--json",
         "--name",
         "dp",
+        env=TEST_ENV,
     )
     r = subprocess.run(
         launcher + target + args, env=_env(), capture_output=True, text=True, timeout=900, cwd=REPO
