@@ -213,6 +213,8 @@ def run_trace(
         "100000:100400",
         "--max-steps",
         str(args.steps),
+        "--set",  # an untrained model earns a constant reward: time the steps anyway (no learning expected)
+        "require_learning=false",
         "--force",
         "--json",
         "--set",

@@ -95,6 +95,7 @@ GRPO_ONLY = (
     "loss_type",
     "scale_rewards",
     "drop_constant_groups",
+    "require_learning",
     "num_iterations",
     "max_grad_norm",
     "max_turns",
@@ -574,7 +575,7 @@ def _run_grpo(
     if main:
         from trace_cli.training import checks
 
-        failed = checks.nothing_learned(rows, result.adapter_dir)
+        failed = checks.nothing_learned(rows, result.adapter_dir) if cfg["require_learning"] else None
         if failed:
             shutil.rmtree(work, ignore_errors=True)
             if lock is not None:
