@@ -152,7 +152,19 @@ def test_report_renders_in_headless_chromium(demo_store, tmp_path):
             "+i.filter(x=>x.complete&&x.naturalWidth>0).length};</script></body>",
         )
     )
-    args = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
+    args = [
+        "chromium",
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-quic",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+    ]
     dom = subprocess.run(
         [*args, "--virtual-time-budget=5000", "--dump-dom", probe.as_uri()],
         capture_output=True,
