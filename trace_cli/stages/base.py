@@ -52,6 +52,21 @@ class Prepared:
         self.id = Store.compute_id(self.stage, self.id_config, self.inputs)
         return self
 
+    def writer(self, store: Store, kind: str, *, name=None, overrides=None, replace: bool = False):
+        """`store.writer` for this invocation's output of `kind`: its stage, config, inputs, seed (if the
+        config has one) and id."""
+        return store.writer(
+            kind,
+            self.stage,
+            self.config,
+            self.inputs,
+            name=name,
+            overrides=overrides,
+            seed=self.config.get("seed"),
+            id=self.id,
+            replace=replace,
+        )
+
     def existing(self, store: Store) -> dict[str, Artifact] | None:
         """The outputs, if every one of them is already in the store (the step is up to date)."""
         if not all(store.exists(kind, self.id) for kind in self.outputs.values()):

@@ -206,17 +206,7 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
     base = prepared.extra["base"]
     adapters = prepared.extra["adapters"]
     method = cfg["method"]
-    with store.writer(
-        "composition",
-        NAME,
-        cfg,
-        prepared.inputs,
-        name=name,
-        overrides=overrides,
-        seed=cfg["seed"],
-        id=prepared.id,
-        replace=replace,
-    ) as w:
+    with prepared.writer(store, "composition", name=name, overrides=overrides, replace=replace) as w:
         experts = []
         for i, a in enumerate(adapters, start=1):
             rel = f"{EXPERTS_DIR}/{a['name']}"

@@ -283,17 +283,7 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
         "rejected": [entry(s) for s in sel if not s.selected],
     }
     validate(doc, "diagnosis.v1.json", source=CAPS_FILE)
-    with store.writer(
-        "diagnosis",
-        NAME,
-        cfg,
-        prepared.inputs,
-        name=name,
-        overrides=overrides,
-        seed=cfg["seed"],
-        id=prepared.id,
-        replace=replace,
-    ) as w:
+    with prepared.writer(store, "diagnosis", name=name, overrides=overrides, replace=replace) as w:
         (w.path / CAPS_FILE).write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=110))
         (w.path / CANDIDATES_FILE).write_text(
             yaml.safe_dump(

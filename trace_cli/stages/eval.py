@@ -247,17 +247,7 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
         )
         summary["warnings"] = [msg]
         print(f"warning: {msg}", file=sys.stderr)
-    with store.writer(
-        "rollouts",
-        NAME,
-        cfg,
-        prepared.inputs,
-        name=name,
-        overrides=overrides,
-        seed=cfg["seed"],
-        id=prepared.id,
-        replace=replace,
-    ) as w:
+    with prepared.writer(store, "rollouts", name=name, overrides=overrides, replace=replace) as w:
         write_tables(w.path, episodes, calls)
         n_succ = sum(e["success"] for e in episodes)
         w.summary.update(
@@ -271,17 +261,7 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
             }
         )
     rollouts_art = w.artifact
-    with store.writer(
-        "eval",
-        NAME,
-        cfg,
-        prepared.inputs,
-        name=name,
-        overrides=overrides,
-        seed=cfg["seed"],
-        id=prepared.id,
-        replace=replace,
-    ) as w:
+    with prepared.writer(store, "eval", name=name, overrides=overrides, replace=replace) as w:
         table_rows = [{**t, "pass_hat_k": json.dumps(t["pass_hat_k"])} for t in per_task]
         pq.write_table(pa.Table.from_pylist(table_rows, schema=EVAL_RESULTS_SCHEMA), w.path / RESULTS_FILE)
         pq.write_table(

@@ -808,16 +808,7 @@ def _run(prepared: Prepared, store: Store, *, name, overrides, replace) -> dict[
             else "an artifact (and its rejects.jsonl) needs at least one good record; "
             "run without --on-error skip to see the first 20 reasons",
         )
-    with store.writer(
-        "rollouts",
-        NAME,
-        prepared.config,
-        prepared.inputs,
-        name=name,
-        overrides=overrides,
-        id=prepared.id,
-        replace=replace,
-    ) as w:
+    with prepared.writer(store, "rollouts", name=name, overrides=overrides, replace=replace) as w:
         calls = [r for _, rows in good for r in rows]
         write_tables(
             w.path,

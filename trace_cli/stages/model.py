@@ -11,7 +11,8 @@ from trace_cli.store import Artifact, Store
 
 NAME = "model"
 OUTPUTS = {"model": "model"}
-PATH_KEYS = ("source",)  # an HF directory or .gguf file, relative to the recipe (built-in names stay as they are)
+# an HF directory or .gguf file, relative to the recipe (built-in names stay as they are)
+PATH_KEYS = ("source",)
 
 
 def check_envs(names: list[str]) -> None:
@@ -71,17 +72,7 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
     cfg = prepared.config
     if "source" in cfg:
         return _run_import(prepared, store, name=name, overrides=overrides, replace=replace)
-    with store.writer(
-        "model",
-        NAME,
-        cfg,
-        [],
-        name=name,
-        overrides=overrides,
-        seed=cfg["seed"],
-        id=prepared.id,
-        replace=replace,
-    ) as w:
+    with prepared.writer(store, "model", name=name, overrides=overrides, replace=replace) as w:
         summary = build(
             w.path / "hf",
             preset=cfg["preset"],
@@ -99,17 +90,7 @@ def _run_import(prepared: Prepared, store: Store, *, name=None, overrides=None, 
     from trace_cli.models.importer import import_model
 
     cfg = prepared.config
-    with store.writer(
-        "model",
-        NAME,
-        cfg,
-        prepared.inputs,
-        name=name,
-        overrides=overrides,
-        seed=cfg["seed"],
-        id=prepared.id,
-        replace=replace,
-    ) as w:
+    with prepared.writer(store, "model", name=name, overrides=overrides, replace=replace) as w:
         w.summary.update(
             import_model(
                 cfg["source"], w.path / "hf", chat_template=cfg.get("chat_template"), envs=cfg["envs"]

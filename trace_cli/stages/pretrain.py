@@ -86,17 +86,7 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
             f"(target {cfg['target']}); nothing was written",
             hint="raise max_steps (induction appears abruptly after a plateau), or set require_target: false",
         )
-    with store.writer(
-        "model",
-        NAME,
-        cfg,
-        prepared.inputs,
-        name=name,
-        overrides=overrides,
-        seed=cfg["seed"],
-        id=prepared.id,
-        replace=replace,
-    ) as w:
+    with prepared.writer(store, "model", name=name, overrides=overrides, replace=replace) as w:
         model.save_pretrained(w.path / "hf")
         tok.save_pretrained(w.path / "hf")
         # rows without a probe get a null copy_accuracy

@@ -555,17 +555,7 @@ def _calibrate_and_write(
     doc = json.loads(json.dumps(doc, default=str))  # plain YAML types only (tuples, numpy floats ...)
     validate(doc, "environment.v1.json", source=ENV_FILE)
     samples = _samples(cal.results, cfg["samples"])
-    with store.writer(
-        "environment",
-        NAME,
-        cfg,
-        prepared.inputs,
-        name=name,
-        overrides=overrides,
-        seed=cfg["seed"],
-        id=prepared.id,
-        replace=replace,
-    ) as w:
+    with prepared.writer(store, "environment", name=name, overrides=overrides, replace=replace) as w:
         (w.path / ENV_FILE).write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=110))
         rows = [
             {

@@ -266,17 +266,7 @@ def _run_sft(
     )
     if lora.get("enabled"):
         model = model.merge_and_unload()
-    with store.writer(
-        "model",
-        NAME,
-        cfg,
-        prepared.inputs,
-        name=name,
-        overrides=overrides,
-        seed=cfg["seed"],
-        id=prepared.id,
-        replace=replace,
-    ) as w:
+    with prepared.writer(store, "model", name=name, overrides=overrides, replace=replace) as w:
         from trace_cli.models.importer import copy_meta
 
         model.save_pretrained(w.path / "hf")
@@ -582,17 +572,7 @@ def _run_grpo(
                 lock.close()
             raise CheckFailed(f"grpo: {failed}; no adapter stored")
     if main:
-        with store.writer(
-            "adapter",
-            NAME,
-            cfg,
-            prepared.inputs,
-            name=name,
-            overrides=overrides,
-            seed=cfg["seed"],
-            id=prepared.id,
-            replace=replace,
-        ) as w:
+        with prepared.writer(store, "adapter", name=name, overrides=overrides, replace=replace) as w:
             copy_adapter(result.adapter_dir, w.path / ADAPTER_DIR)
             from trace_cli.training.checks import save_tokenizer
 
