@@ -1,0 +1,208 @@
+"""The package's import layering (DESIGN §3): every import of `trace_cli.X` points to the importer's own package
+or to a lower layer, and no modules import each other in a circle.
+
+Imports are read with `ast`, so nothing is imported: absolute and relative imports, also those inside functions
+(a lazy import is still a dependency); only `if TYPE_CHECKING:` blocks are skipped (annotations, never run).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import trace_cli
+
+PKG = Path(trace_cli.__file__).parent
+
+# The layer map, top to bottom; packages in one tuple share a layer (see test_imports_point_down). The floor
+# holds the modules every layer may use.
+LAYERS: list[tuple[str, ...]] = [
+    ("__main__",),
+    ("cli",),
+    ("serve", "report"),
+    ("recipes",),
+    ("stages",),
+    ("training", "compose"),
+    ("agents",),
+    ("envs", "formats"),
+    ("analysts",),
+    ("llm", "models"),
+    ("store", "config"),
+    ("errors", "progress", "catalog", "schemas", "__init__"),
+]
+RANK = {pkg: len(LAYERS) - i for i, layer in enumerate(LAYERS) for pkg in layer}
+
+
+def modules() -> Iterator[tuple[str, Path]]:
+    """(dotted name, path) of every module of trace_cli."""
+    for path in sorted(PKG.rglob("*.py")):
+        parts = path.relative_to(PKG).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        yield ".".join(("trace_cli", *parts)), path
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports(path: Path, module: str) -> Iterator[tuple[int, str]]:
+    """(line, imported trace_cli module or name) for every import in the file."""
+    is_pkg = path.name == "__init__.py"
+    package = module if is_pkg else module.rpartition(".")[0]
+
+    def visit(node: ast.AST) -> Iterator[tuple[int, str]]:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            # `from trace_cli.store import index` imports the module trace_cli.store.index; `from
+            # trace_cli.store import Store` a name of the package trace_cli.store (see resolve)
+            for alias in node.names:
+                yield node.lineno, f"{target}.{alias.name}"
+            return
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            children = node.orelse
+        else:
+            children = list(ast.iter_child_nodes(node))
+        for child in children:
+            yield from visit(child)
+
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    for lineno, name in visit(tree):
+        if name == "trace_cli" or name.startswith("trace_cli."):
+            yield lineno, name
+
+
+def resolve(name: str, known: set[str]) -> str:
+    """The module an imported name lives in: itself when it is a module, else the module that defines it."""
+    return name if name in known or "." not in name else name.rpartition(".")[0]
+
+
+def package_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_every_package_is_in_the_layer_map():
+    top = {package_of(m) for m, _ in modules()}
+    assert top <= set(RANK), f"packages missing from LAYERS: {sorted(top - set(RANK))}"
+
+
+def test_imports_point_down():
+    """Up is never allowed. Peers of one layer (llm and models, store and config, ...) may use one another in
+    one direction only: which one is the lower is then fixed by the code, and no two packages lean on each
+    other."""
+    known = {m for m, _ in modules()}
+    upward = []
+    sideways: dict[tuple[str, str], str] = {}
+    for module, path in modules():
+        mine = package_of(module)
+        for lineno, name in imports(path, module):
+            target = resolve(name, known)
+            theirs = package_of(target)
+            where = f"{path.relative_to(PKG.parent)}:{lineno} ({mine}) imports {target} ({theirs})"
+            if theirs == mine or RANK[theirs] < RANK[mine]:
+                continue
+            if RANK[theirs] > RANK[mine]:
+                upward.append(where)
+            else:
+                sideways.setdefault((mine, theirs), where)
+    both = [f"{w} and {sideways[(b, a)]}" for (a, b), w in sorted(sideways.items()) if (b, a) in sideways]
+    assert not upward, "imports that point up in the layer map:\n" + "\n".join(sorted(set(upward)))
+    assert not both, "peers of one layer that import each other:\n" + "\n".join(both)
+
+
+def _graph() -> dict[str, dict[str, tuple[Path, int]]]:
+    """module -> {imported module: (file, line)}: every import, lazy ones too (a function-level import that
+    closes a circle only hides it until that function runs)."""
+    known = {m for m, _ in modules()}
+    graph: dict[str, dict[str, tuple[Path, int]]] = {}
+    for module, path in modules():
+        edges = graph.setdefault(module, {})
+        for lineno, name in imports(path, module):
+            target = resolve(name, known)
+            if target in known and target != module:
+                edges.setdefault(target, (path, lineno))
+    return graph
+
+
+def _cycles(graph: dict[str, dict[str, tuple[Path, int]]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return out
+
+
+def test_no_import_circles():
+    graph = _graph()
+    lines = []
+    for comp in _cycles(graph):
+        members = set(comp)
+        edges = [
+            f"  {path.relative_to(PKG.parent)}:{line} imports {w}"
+            for v in comp
+            for w, (path, line) in sorted(graph[v].items())
+            if w in members
+        ]
+        lines.append(f"circle among {', '.join(comp)}:\n" + "\n".join(edges))
+    assert not lines, "\n".join(lines)
+
+
+def test_the_scanner_sees_lazy_relative_and_type_checking_imports(tmp_path):
+    """The checks above are only as good as the scan: it finds imports inside functions and relative ones,
+    and skips `if TYPE_CHECKING:` blocks."""
+    pkg = tmp_path / "trace_cli" / "store"
+    pkg.mkdir(parents=True)
+    f = pkg / "x.py"
+    f.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from . import layout\n"
+        "if TYPE_CHECKING:\n"
+        "    from trace_cli.stages import base\n"
+        "def f():\n"
+        "    from ..models import refs\n"
+        "    import trace_cli.cli\n"
+    )
+    found = set(imports(f, "trace_cli.store.x"))
+    assert (2, "trace_cli.store.layout") in found
+    assert (6, "trace_cli.models.refs") in found
+    assert (7, "trace_cli.cli") in found
+    assert not any("stages" in name for _, name in found)
