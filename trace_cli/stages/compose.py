@@ -12,21 +12,13 @@ import shutil
 import sys
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from trace_cli.errors import UsageError
 from trace_cli.stages.base import Prepared, checked_config
 from trace_cli.store import Artifact, Store
-from trace_cli.store.tables import TableSpec, register_table
+from trace_cli.store.tables import GATE_METRICS
 
 NAME = "compose"
 OUTPUTS = {"composition": "composition"}
-GATE_METRICS_FILE = "gate_metrics.parquet"
-GATE_METRICS_SCHEMA = pa.schema(
-    [("step", pa.int64())] + [(c, pa.float64()) for c in ("loss", "ce", "aux", "token_accuracy", "elapsed_s")]
-)
-register_table(TableSpec("gate_metrics", "composition", GATE_METRICS_FILE, GATE_METRICS_SCHEMA))
 METHOD_KEYS = ("router", "moe", "merge")
 
 
@@ -377,7 +369,7 @@ def _run_moe(prepared: Prepared, store: Store, path, doc, experts, gates_file: s
             pad_id=pad,
             log=log,
         )
-        pq.write_table(pa.Table.from_pylist(rows, schema=GATE_METRICS_SCHEMA), path / GATE_METRICS_FILE)
+        GATE_METRICS.write(rows, path)
         summary.update(
             transcripts=counts,
             train_episodes=len(train),

@@ -11,8 +11,6 @@ from collections import Counter
 from importlib import resources
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import yaml
 
 from trace_cli.analysts.aggregate import run_stats, select
@@ -24,47 +22,13 @@ from trace_cli.errors import CheckFailed, NotFoundError, UsageError
 from trace_cli.stages.base import Prepared, checked_config
 from trace_cli.store import Artifact, Store
 from trace_cli.store.hashing import sha256_json
-from trace_cli.store.tables import TableSpec, register_table
+from trace_cli.store.tables import CAPABILITY_RUNS, LABELS
 
 NAME = "diagnose"
 OUTPUTS = {"diagnosis": "diagnosis"}
 PATH_KEYS = ("candidates",)
-LABELS_FILE = "labels.parquet"
-RUNS_FILE = "capability_runs.parquet"
 CAPS_FILE = "capabilities.yaml"
 CANDIDATES_FILE = "candidates.yaml"
-
-LABELS_SCHEMA = pa.schema(
-    [
-        ("episode_id", pa.string()),
-        ("task_id", pa.string()),
-        ("success", pa.bool_()),
-        ("capability", pa.string()),
-        ("run", pa.int32()),
-        ("label", pa.string()),
-        ("weight", pa.float64()),
-        ("rationale", pa.string()),
-        ("analyst", pa.string()),
-    ]
-)
-RUNS_SCHEMA = pa.schema(
-    [
-        ("capability", pa.string()),
-        ("run", pa.int32()),
-        ("er_minus", pa.float64()),
-        ("er_plus", pa.float64()),
-        ("delta", pa.float64()),
-        ("coverage", pa.float64()),
-        ("passed", pa.bool_()),
-        ("lacking_failed", pa.float64()),
-        ("present_failed", pa.float64()),
-        ("lacking_passed", pa.float64()),
-        ("present_passed", pa.float64()),
-        ("errors", pa.float64()),
-    ]
-)
-register_table(TableSpec("labels", "diagnosis", LABELS_FILE, LABELS_SCHEMA))
-register_table(TableSpec("capability_runs", "diagnosis", RUNS_FILE, RUNS_SCHEMA))
 
 
 def load_catalog(path: str | None = None) -> list[Candidate]:
@@ -307,20 +271,18 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
             }
             for lb, wt in labels
         ]
-        pq.write_table(
-            pa.Table.from_pylist(rows, schema=LABELS_SCHEMA), w.path / LABELS_FILE, compression="zstd"
-        )
+        LABELS.write(rows, w.path, compression="zstd")
         run_rows = [
             {
                 "capability": s.capability,
                 "run": i,
-                **{k: v for k, v in rs.to_dict().items() if k in RUNS_SCHEMA.names},
+                **{k: v for k, v in rs.to_dict().items() if k in CAPABILITY_RUNS.names},
                 "passed": p,
             }
             for s in sel
             for i, (rs, p) in enumerate(zip(s.runs, s.passed, strict=True))
         ]
-        pq.write_table(pa.Table.from_pylist(run_rows, schema=RUNS_SCHEMA), w.path / RUNS_FILE)
+        CAPABILITY_RUNS.write(run_rows, w.path)
         w.summary.update(
             {
                 "selected": [d["name"] for d in doc["selected"]],

@@ -6,41 +6,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from trace_cli.errors import UsageError
 from trace_cli.stages.base import Prepared, checked_config
 from trace_cli.store import Artifact, Store
-from trace_cli.store.tables import TableSpec, register_table
+from trace_cli.store.tables import EVAL_RESULTS, TASK_METADATA
 
 NAME = "eval"
 OUTPUTS = {"rollouts": "rollouts", "eval": "eval"}
-RESULTS_FILE = "eval_results.parquet"
-TASKS_FILE = "task_metadata.parquet"
-
-EVAL_RESULTS_SCHEMA = pa.schema(
-    [
-        ("task_id", pa.string()),
-        ("task_family", pa.string()),
-        ("seed", pa.int64()),
-        ("trials", pa.int32()),
-        ("successes", pa.int32()),
-        ("mean_reward", pa.float64()),
-        ("pass_hat_k", pa.string()),
-    ]
-)
-TASK_META_SCHEMA = pa.schema(
-    [
-        ("task_id", pa.string()),
-        ("task_family", pa.string()),
-        ("seed", pa.int64()),
-        ("required_capabilities", pa.string()),
-        ("reference_actions", pa.string()),
-    ]
-)
-register_table(TableSpec("eval_results", "eval", RESULTS_FILE, EVAL_RESULTS_SCHEMA))
-register_table(TableSpec("task_metadata", "eval", TASKS_FILE, TASK_META_SCHEMA))
 
 
 MAX_SEED = 2**63 - 1  # seeds are stored as int64 (episodes.seed)
@@ -263,10 +235,8 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
     rollouts_art = w.artifact
     with prepared.writer(store, "eval", name=name, overrides=overrides, replace=replace) as w:
         table_rows = [{**t, "pass_hat_k": json.dumps(t["pass_hat_k"])} for t in per_task]
-        pq.write_table(pa.Table.from_pylist(table_rows, schema=EVAL_RESULTS_SCHEMA), w.path / RESULTS_FILE)
-        pq.write_table(
-            pa.Table.from_pylist(list(metas.values()), schema=TASK_META_SCHEMA), w.path / TASKS_FILE
-        )
+        EVAL_RESULTS.write(table_rows, w.path)
+        TASK_METADATA.write(list(metas.values()), w.path)
         w.summary.update(summary)
         w.summary["rollouts"] = rollouts_art.uri
     return {"rollouts": rollouts_art, "eval": w.artifact}

@@ -31,7 +31,7 @@ from trace_cli.store import Artifact, Store, file_input, layout
 from trace_cli.store.metrics import REWARD_MAX, REWARD_MIN, is_success, reward_problem
 from trace_cli.store.metrics import summarize as pass_summary
 from trace_cli.store.rollouts import rows_table, string_array, tool_call_tuples, write_tables
-from trace_cli.store.tables import EPISODES_SCHEMA, TOOL_CALLS_SCHEMA, TableSpec, register_table
+from trace_cli.store.tables import EPISODES_SCHEMA, TASK_RESULTS, TOOL_CALLS_SCHEMA
 
 NAME = "ingest"
 PATH_KEYS = ("path",)
@@ -732,18 +732,7 @@ def _jsonl_record(
 # ----------------------------------------------------------------------------- run
 
 
-TASKS_FILE = "task_results.parquet"
-TASK_RESULTS_SCHEMA = pa.schema(
-    [
-        ("task_id", pa.string()),
-        ("domain", pa.string()),
-        ("trials", pa.int32()),
-        ("successes", pa.int32()),
-        ("mean_reward", pa.float64()),
-        ("pass_hat_k", pa.string()),
-    ]
-)
-register_table(TableSpec("task_results", "rollouts", TASKS_FILE, TASK_RESULTS_SCHEMA))
+TASKS_FILE, TASK_RESULTS_SCHEMA = TASK_RESULTS.file, TASK_RESULTS.schema
 
 
 def _tasks_table(per_task: list[dict[str, Any]]) -> pa.Table:

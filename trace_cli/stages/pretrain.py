@@ -9,28 +9,13 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from trace_cli.errors import CheckFailed, UsageError
 from trace_cli.stages.base import Prepared, checked_config
 from trace_cli.store import Artifact, Store
-from trace_cli.store.tables import TableSpec, register_table
+from trace_cli.store.tables import PRETRAIN_METRICS
 
 NAME = "pretrain"
 OUTPUTS = {"model": "model"}
-METRICS_FILE = "pretrain_metrics.parquet"
-METRICS_SCHEMA = pa.schema(
-    [
-        ("step", pa.int32()),
-        ("loss", pa.float64()),
-        ("grad_norm", pa.float64()),
-        ("lr", pa.float64()),
-        ("elapsed_s", pa.float64()),
-        ("copy_accuracy", pa.float64()),
-    ]
-)
-register_table(TableSpec("pretrain_metrics", "model", METRICS_FILE, METRICS_SCHEMA))
 
 
 def prepare(config: dict[str, Any], store: Store) -> Prepared:
@@ -90,7 +75,7 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
         model.save_pretrained(w.path / "hf")
         tok.save_pretrained(w.path / "hf")
         # rows without a probe get a null copy_accuracy
-        pq.write_table(pa.Table.from_pylist(out["metrics"], schema=METRICS_SCHEMA), w.path / METRICS_FILE)
+        PRETRAIN_METRICS.write(out["metrics"], w.path)
         w.summary.update(
             {
                 "method": "pretrain",

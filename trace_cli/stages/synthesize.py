@@ -28,34 +28,16 @@ from trace_cli.config.schemas import validate
 from trace_cli.errors import CheckFailed, NotFoundError, UsageError
 from trace_cli.stages.base import Prepared, checked_config
 from trace_cli.store import Artifact, Store
-from trace_cli.store.tables import TableSpec, register_table
+from trace_cli.store.tables import CALIBRATION
 
 NAME = "synthesize"
 OUTPUTS = {"environment": "environment"}
 ENV_FILE = "environment.yaml"
-CALIBRATION_FILE = "calibration.parquet"
 SAMPLES_FILE = "samples.jsonl"
 MODULE_FILE = "module.py"
 MODULES_DIR = "modules"
 
-CALIBRATION_SCHEMA = pa.schema(
-    [
-        ("capability", pa.string()),
-        ("attempt", pa.int32()),
-        ("params", pa.string()),
-        ("seeds", pa.int32()),
-        ("rollouts", pa.int32()),
-        ("mean_reward", pa.float64()),
-        ("mean_success", pa.float64()),
-        ("frac_all0", pa.float64()),
-        ("frac_all1", pa.float64()),
-        ("frac_constant_reward", pa.float64()),
-        ("in_band", pa.bool_()),
-        ("wall_s", pa.float64()),
-        ("next", pa.string()),
-    ]
-)
-register_table(TableSpec("calibration", "environment", CALIBRATION_FILE, CALIBRATION_SCHEMA))
+CALIBRATION_FILE, CALIBRATION_SCHEMA = CALIBRATION.file, CALIBRATION.schema
 
 
 # ------------------------------------------------------------------------------------------------ target

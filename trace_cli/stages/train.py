@@ -25,50 +25,14 @@ import pyarrow.parquet as pq
 from trace_cli.errors import CheckFailed, UsageError, ValidationError
 from trace_cli.stages.base import Prepared, checked_config
 from trace_cli.store import Artifact, Store
-from trace_cli.store.tables import TableSpec, register_table
+from trace_cli.store.tables import GRPO_METRICS, SFT_METRICS
 
 NAME = "train"
 # Every output a train step can have (recipes validate `${steps.X.outputs.NAME}` against this); one
 # invocation produces one of them: `model` for sft, `adapter` for grpo (Prepared.outputs).
 OUTPUTS = {"model": "model", "adapter": "adapter"}
 METHOD_OUTPUTS = {"sft": {"model": "model"}, "grpo": {"adapter": "adapter"}}
-METRICS_FILE = "train_metrics.parquet"
-METRICS_SCHEMA = pa.schema(
-    [
-        ("step", pa.int64()),
-        ("loss", pa.float64()),
-        ("grad_norm", pa.float64()),
-        ("lr", pa.float64()),
-        ("tokens", pa.int64()),
-        ("elapsed_s", pa.float64()),
-    ]
-)
-GRPO_METRICS_SCHEMA = pa.schema(
-    [("step", pa.int64())]
-    + [
-        (c, pa.float64())
-        for c in (
-            "reward",
-            "reward_std",
-            "frac_reward_zero_std",
-            "success",
-            "turns",
-            "completion_length",
-            "clipped_ratio",
-            "max_length_frac",
-            "kl",
-            "entropy",
-            "loss",
-            "grad_norm",
-            "learning_rate",
-            "num_tokens",
-            "step_time",
-        )
-    ]
-    + [("episodes", pa.int64()), ("rollouts", pa.int64())]
-)
-register_table(TableSpec("sft_metrics", "model", METRICS_FILE, METRICS_SCHEMA))
-register_table(TableSpec("train_metrics", "adapter", METRICS_FILE, GRPO_METRICS_SCHEMA))
+METRICS_FILE, METRICS_SCHEMA, GRPO_METRICS_SCHEMA = SFT_METRICS.file, SFT_METRICS.schema, GRPO_METRICS.schema
 
 ADAPTER_DIR = "adapter"
 RESOLVED_CONFIG_FILE = "train_config.json"

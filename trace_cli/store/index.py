@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from trace_cli.errors import StoreError
 from trace_cli.store.layout import KINDS, MANIFEST
-from trace_cli.store.tables import TABLES, duck_type
+from trace_cli.store.tables import TABLES
 
 if TYPE_CHECKING:
     from trace_cli.store.artifacts import Artifact, Store
@@ -132,17 +132,7 @@ def _refresh_names(con, store: Store) -> None:
         con.executemany("INSERT INTO names VALUES (?, ?, ?)", rows)
 
 
-def _load_table_specs() -> None:
-    """Stages register their tables when imported; import them all so every view exists whichever command
-    (e.g. `trace store reindex`) builds the index. Stage modules import only light libraries at top level."""
-    from trace_cli.stages import STAGES, get_stage
-
-    for name in STAGES:
-        get_stage(name)
-
-
 def _refresh_views(con, store: Store, kinds: set[str] | None = None) -> None:
-    _load_table_specs()
     for spec in TABLES.values():
         if kinds is not None and spec.kind not in kinds:
             continue
@@ -159,8 +149,10 @@ def _refresh_views(con, store: Store, kinds: set[str] | None = None) -> None:
                 f"FROM read_parquet({lst}, union_by_name = true, filename = true)"
             )
         else:
-            cols = ", ".join(f"CAST(NULL AS {duck_type(f.type)}) AS {f.name}" for f in spec.schema)
-            sql = f"CREATE OR REPLACE VIEW {spec.view} AS SELECT {cols}, CAST(NULL AS VARCHAR) AS artifact_id WHERE false"
+            sql = (
+                f"CREATE OR REPLACE VIEW {spec.view} AS SELECT {spec.empty_select()}, "
+                "CAST(NULL AS VARCHAR) AS artifact_id WHERE false"
+            )
         con.execute(sql)
 
 
