@@ -11,7 +11,7 @@
    (`trace_cli.stages.base.execute("ingest", ...)`, in-process), for both formats, plus the wall time of
    one real `trace ingest` subprocess per format on the first shard's episodes.
 3. `SELECT tool_name, count(*), error rate ... GROUP BY tool_name` over the tool_calls view via
-   `trace_cli.store.index.query` (median of repeats), against a plain pandas baseline that scans the same
+   `trace_cli.store.sql.query` (median of repeats), against a plain pandas baseline that scans the same
    episodes as JSON (`pandas.read_json(lines=True)`, explode messages and tool calls, pair each call with
    its tool result by id, groupby). Both must give identical counts (checked; exit 1 if not).
 4. Prints a table and writes JSON results with machine info.
@@ -483,7 +483,7 @@ def ingest_subprocess(fmt: str, path: str, store_dir: Path, episodes: int) -> di
 
 def sql_groupby(store_dir: Path, repeats: int) -> tuple[dict[str, Any], dict[str, tuple[int, int]]]:
     from trace_cli.store import Store
-    from trace_cli.store.index import query
+    from trace_cli.store.sql import query
 
     store = Store(store_dir)
     times = []

@@ -104,7 +104,7 @@ def test_adapter_artifact(trained, model_dir):
 
 
 def test_metrics_table_and_view(trained):
-    from trace_cli.store.index import query
+    from trace_cli.store.sql import query
 
     store, out = trained
     rows = pq.read_table(out.main.path / "train_metrics.parquet").to_pylist()
@@ -409,7 +409,7 @@ def test_accelerate_two_processes(model_dir, tmp_path, form):
     arts = Store(store).list("adapter")
     assert [a.id for a in arts] == [res["id"]]
     assert not list((store / ".tmp").glob("*")), "no temp or work dirs are left behind"
-    from trace_cli.store.index import query
+    from trace_cli.store.sql import query
 
     _, rows = query(Store(store), "SELECT count(*) FROM artifacts WHERE kind = 'adapter'")
     assert rows[0][0] == 1

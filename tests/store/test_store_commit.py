@@ -185,7 +185,7 @@ def test_force_replacement_is_atomic_for_readers(tmp_path):
         st = Store(store)
         while not stop.is_set():
             try:
-                counts.append(index.query(st, "SELECT count(*) FROM episodes")[1][0][0])
+                counts.append(st.query("SELECT count(*) FROM episodes")[1][0][0])
             except Exception as e:  # noqa: BLE001 - every failure is the finding
                 errors.append(repr(e))
             try:

@@ -103,10 +103,8 @@ def show(ref, as_json, store_dir):
 @store_option
 def sql(query, fmt, store_dir):
     """Run a read-only SQL query against the index (views over every Parquet table)."""
-    from trace_cli.store import index
-
     st = open_store(store_dir)
-    cols, rows = index.query(st, query)
+    cols, rows = st.query(query)
     if fmt == "json":
         echo_json([dict(zip(cols, r, strict=True)) for r in rows])
     elif fmt == "csv":

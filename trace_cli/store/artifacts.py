@@ -1,4 +1,8 @@
-"""The artifact store: atomic writes (temp dir -> rename -> manifest last), resolution, names, verify, gc."""
+"""The artifacts of a store root on disk: atomic writes (temp dir -> rename -> manifest last), resolution, names.
+
+Nothing here knows the index: after each commit the writer calls `Artifacts.after_commit`, which the `Store`
+facade (store/facade.py) fills in with the index update, so this module and store/index.py never import each
+other."""
 
 from __future__ import annotations
 
@@ -7,7 +11,6 @@ import datetime as _dt
 import os
 import re
 import shutil
-import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -15,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_cli import __version__
-from trace_cli.errors import NotFoundError, StoreError, UsageError
+from trace_cli.errors import NotFoundError, UsageError
 from trace_cli.store import commit, layout
 from trace_cli.store.hashing import artifact_id, sha256_file, sha256_json
 
@@ -77,7 +80,7 @@ def file_input(role: str, path: str | Path) -> dict[str, Any]:
 class ArtifactWriter:
     """Collects the files of one artifact in a temp dir; `commit()` makes it visible atomically."""
 
-    store: Store
+    store: Artifacts
     kind: str
     stage: str
     config: dict[str, Any]
@@ -149,7 +152,7 @@ class ArtifactWriter:
             commit.fsync_dir(final.parent)
         if self.name:
             self.store.set_name(self.kind, self.name, self.id)
-        if self.store.index_add(art):
+        if self.store.after_commit(art):
             marker.unlink(missing_ok=True)  # else it stays: the next command repairs the index
         self.artifact = art
         return art
@@ -190,8 +193,9 @@ def read_manifest(path: Path, kind: str | None = None, aid: str | None = None) -
     return doc
 
 
-class Store:
-    """A store root on disk. Cheap to construct; nothing is created until something is written."""
+class Artifacts:
+    """The artifact directories of a store root. Cheap to construct; nothing is created until something is
+    written. Use the `Store` facade (trace_cli.store.Store), which also keeps the index."""
 
     def __init__(self, root: str | Path | None = None, *, origin: str | None = None):
         self.root = Path(root) if root is not None else layout.default_store_root()
@@ -380,55 +384,11 @@ class Store:
                 hint="check --store / $TRACE_STORE, or create it by running a stage such as `trace ingest`",
             )
 
-    def verify(self) -> list[dict[str, Any]]:
-        """Re-hash every file of every artifact and compare the index with the manifests; return one
-        problem record per bad artifact."""
-        from trace_cli.store import maintenance
-
-        return maintenance.verify(self)
-
-    def gc(
-        self, *, min_age_s: float = 0.0, dry_run: bool = False, include_resumable: bool = False
-    ) -> list[str]:
-        """Remove leftovers of killed runs (see maintenance.gc); with `dry_run`, only list them."""
-        from trace_cli.store import maintenance
-
-        return maintenance.gc(self, min_age_s=min_age_s, dry_run=dry_run, include_resumable=include_resumable)
-
-    # ---------------------------------------------------------------- index
-    def index_add(self, art: Artifact) -> bool:
-        """Index a committed artifact; False (with a warning) when the index could not be updated."""
-        import duckdb
-
-        from trace_cli.store import index
-
-        try:
-            index.add_artifact(self, art)
-            return True
-        except (StoreError, duckdb.Error, OSError) as e:  # the files are the truth; the index can be rebuilt
-            print(f"warning: index not updated ({e}); run `trace store reindex`", file=sys.stderr)
-            return False
-
-    def repair_index(self) -> list[str]:
-        """When a run was killed between committing an artifact and indexing it (a marker is left in
-        STORE/.pending), bring the index in line with the manifests. Cheap when there is nothing to do (one
-        directory listing). Returns the artifacts added to or dropped from the index."""
-        marks = commit.pending(self.root)
-        if not marks:
-            return []
-        from trace_cli.store import index
-
-        fixed = index.sync(self) if self.index_path.exists() else []
-        commit.clear_pending(marks)
-        return fixed
-
-    def reindex(self) -> dict[str, int]:
-        from trace_cli.store import index
-
-        marks = commit.pending(self.root)
-        counts = index.rebuild(self)
-        commit.clear_pending(marks)
-        return counts
+    # ---------------------------------------------------------------- derived data
+    def after_commit(self, art: Artifact) -> bool:
+        """Called by the writer once `art` is committed; True when everything derived from the manifests is up
+        to date (its pending marker is then dropped). The bare tree derives nothing."""
+        return True
 
 
 RESUMABLE = "RESUMABLE"  # marker file of a training work dir that `trace train --resume` can continue

@@ -14,14 +14,15 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from trace_cli.errors import StoreError
 from trace_cli.store.layout import KINDS, MANIFEST
 from trace_cli.store.tables import TABLES
 
 if TYPE_CHECKING:
-    from trace_cli.store.artifacts import Artifact, Store
+    from trace_cli.store.artifacts import Artifact
+    from trace_cli.store.artifacts import Artifacts as Store
 
 STORAGE_VERSION = "v1.5.0"
 LOCK = ".index.lock"  # advisory lock file held while the index is written
@@ -247,13 +248,6 @@ def _rebuild(store: Store) -> dict[str, int]:
     if tmp_wal.exists():
         os.replace(tmp_wal, wal)
     return counts
-
-
-def query(store: Store, sql: str, params: list[Any] | None = None) -> tuple[list[str], list[tuple]]:
-    """Run a read-only, confined query against the index (see store/sql.py); returns (columns, rows)."""
-    from trace_cli.store import sql as sql_mod
-
-    return sql_mod.query(store, sql, params)
 
 
 def committed(store: Store) -> set[tuple[str, str]]:

@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trace_cli.errors import UsageError
-from trace_cli.store import commit, layout
+from trace_cli.store import commit, index, layout
+from trace_cli.store.artifacts import RESUMABLE, read_manifest
 from trace_cli.store.hashing import sha256_file
 
 if TYPE_CHECKING:
-    from trace_cli.store.artifacts import Store
+    from trace_cli.store.facade import Store
 
 # A directory under STORE/KIND/ without a manifest is never a live commit (the manifest is inside the
 # directory before it is renamed into place), so gc may remove it; the grace period is defence in depth
@@ -32,8 +33,6 @@ def _artifact_dirs(store: Store) -> list[tuple[str, Path]]:
 
 
 def verify(store: Store) -> list[dict[str, Any]]:
-    from trace_cli.store.artifacts import read_manifest
-
     store.check_root(must_exist=True)
     problems: list[dict[str, Any]] = []
     committed: set[tuple[str, str]] = set()
@@ -69,8 +68,6 @@ def verify(store: Store) -> list[dict[str, Any]]:
 
 def _index_problems(store: Store, committed: set[tuple[str, str]]) -> list[dict[str, Any]]:
     """The index must list exactly the committed artifacts (it is derived from them)."""
-    from trace_cli.store import index
-
     if not committed and not store.index_path.exists():
         return []
     fix = "run `trace store reindex`"
@@ -95,8 +92,6 @@ def gc(
     GC_GRACE_S), and index files of a killed `reindex`. Work dirs of interrupted training runs (marked
     RESUMABLE, continued by `trace train --resume`) are kept unless `include_resumable`, and never touched
     while their run holds its lock."""
-    from trace_cli.store.artifacts import RESUMABLE
-
     store.check_root(must_exist=True)
     removed: list[str] = []
 

@@ -16,9 +16,10 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from trace_cli.errors import UsageError
+from trace_cli.store import index
 
 if TYPE_CHECKING:
-    from trace_cli.store.artifacts import Store
+    from trace_cli.store.facade import Store
 
 # PRAGMAs that only describe the catalogue (everything else a PRAGMA can do is a setting or a side effect)
 _READ_PRAGMAS = frozenset(
@@ -115,8 +116,6 @@ def _allowed_files(con, store: Store) -> list[str]:
 def confined_connection(store: Store):
     """A read-only connection to the index that can read only the store's Parquet files, with its
     configuration locked."""
-    from trace_cli.store import index
-
     con = index._open(store.index_path, read_only=True)
     try:
         con.execute("SET autoinstall_known_extensions = false")
@@ -135,8 +134,6 @@ def confined_connection(store: Store):
 def query(store: Store, sql: str, params: list[Any] | None = None) -> tuple[list[str], list[tuple]]:
     """Run a read-only query against the index; returns (column names, rows). The index is first brought
     in line with the manifests (an artifact committed by a run killed before it indexed it is added)."""
-    from trace_cli.store import index
-
     if not sql.strip():
         raise UsageError("empty SQL query", hint='e.g. trace store sql "SELECT count(*) FROM episodes"')
     store.check_root(must_exist=True)
