@@ -272,11 +272,6 @@ def main(argv: list[str] | None = None) -> int:
         for m in METHODS:
             vals = [r.get(m)["pass@1"] if isinstance(r.get(m), dict) else r.get(m) for r in rs]
             row[m] = mean_std(vals)
-        base_p = row["base"]["mean"]
-        g, t = row["grpo_target"]["mean"], row["trace"]["mean"]
-        row["gain_ratio"] = (
-            round((t - base_p) / (g - base_p), 3) if None not in (g, t) and g - base_p > 1e-9 else None
-        )
         rows.append(row)
     res = {
         "benchmark": "sample_efficiency",
@@ -293,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             "moe_seeds": a.moe_seeds,
         },
         "budgets": rows,
+        "gain_ratio": {str(r["rollouts"]): gain_ratio(r) for r in rows},
         "runs": runs,
         "timings_s": b.timings,
         "wall_s": round(time.monotonic() - t0, 1),
@@ -306,6 +302,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def gain_ratio(row: dict[str, Any]) -> float | None:
+    """TRACE's gain over base divided by GRPO-on-target's (the paper: 2.9x); None when GRPO gained nothing."""
+    b, g, t = (row[m]["mean"] for m in ("base", "grpo_target", "trace"))
+    return round((t - b) / (g - b), 3) if None not in (b, g, t) and g - b > 1e-9 else None
+
+
 def print_table(rows: list[dict[str, Any]]) -> None:
     def cell(v: dict[str, Any]) -> str:
         return "-" if v["mean"] is None else f"{v['mean']:.3f}±{v['std']:.3f}"
@@ -313,7 +315,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     head = f"{'rollouts':>8}  " + "  ".join(f"{m:>13}" for m in METHODS) + f"  {'gain ratio':>10}"
     print(head)
     for r in rows:
-        ratio = "-" if r["gain_ratio"] is None else f"{r['gain_ratio']:.2f}x"
+        ratio = "-" if gain_ratio(r) is None else f"{gain_ratio(r):.2f}x"
         print(f"{r['rollouts']:>8}  " + "  ".join(f"{cell(r[m]):>13}" for m in METHODS) + f"  {ratio:>10}")
 
 

@@ -123,7 +123,9 @@ def sample_efficiency(doc: dict[str, Any]) -> bytes:
     xs = [r["rollouts"] for r in rows]
     for m in methods:
         mean = [(r[m]["mean"] if isinstance(r[m], dict) else r[m]) for r in rows]
-        std = [(r[m].get("std", 0) if isinstance(r[m], dict) else 0) for r in rows]
+        std = [((r[m].get("std") or 0) if isinstance(r[m], dict) else 0) for r in rows]
+        if any(not isinstance(v, (int, float)) for v in mean):  # a method without a number at some budget
+            continue
         ax.errorbar(xs, mean, yerr=std, marker="o", capsize=3, label=m)
     ax.set_xscale("log")
     ax.set_xlabel("rollouts (all counted)")
