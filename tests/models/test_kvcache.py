@@ -60,7 +60,7 @@ def test_hf_policy_reuse_gives_the_same_episodes_and_feeds_less(noisy):
 
 
 def test_token_policy_reuse_gives_the_same_turns(noisy):
-    from trace_cli.training.grpo import TokenPolicy
+    from trace_cli.agents.token_history import TokenPolicy
 
     model, tok = noisy
 

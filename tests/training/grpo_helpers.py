@@ -120,3 +120,21 @@ def grpo_config(model: Path | str, env: str = TEST_ENV, **over: Any) -> dict[str
     }
     cfg.update(over)
     return cfg
+
+
+def grpo_spec(model_dir: Path, output_dir: Path, seeds: list[int], keep_model: bool = False, **settings: Any):
+    """A `GRPOSpec` for `train_grpo` on the parity env: `settings` are grpo config keys, over the schema's
+    defaults (the config is checked and filled as the stage does)."""
+    from trace_cli.envs.registry import make_env
+    from trace_cli.stages.train import _method_config
+    from trace_cli.training.grpo import GRPOSpec
+
+    cfg = _method_config({"method": "grpo", "env": TEST_ENV, "model": str(model_dir), **settings})
+    return GRPOSpec.from_config(
+        cfg,
+        model_path=str(model_dir),
+        make_env=lambda: make_env(TEST_ENV),
+        seeds=seeds,
+        output_dir=str(output_dir),
+        keep_model=keep_model,
+    )

@@ -3,24 +3,23 @@
 from __future__ import annotations
 
 import pytest
-from grpo_helpers import TEST_ENV, register_parity, set_env, tiny_model
+from grpo_helpers import grpo_spec, register_parity, set_env, tiny_model
 
-from trace_cli.training.grpo import GRPOSpec, latest_checkpoint, metrics_rows, rollouts_after, train_grpo
+from trace_cli.training.checkpoints import latest_checkpoint
+from trace_cli.training.grpo import train_grpo
+from trace_cli.training.metrics import metrics_rows, rollouts_after
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     set_env()
     register_parity()
-    from trace_cli.envs.registry import make_env
-
     model_dir = tiny_model(tmp_path_factory)
     out = tmp_path_factory.mktemp("grpo-train")
-    spec = GRPOSpec(
-        model_path=str(model_dir),
-        make_env=lambda: make_env(TEST_ENV),
-        seeds=list(range(50)),
-        output_dir=str(out / "ckpt"),
+    spec = grpo_spec(
+        model_dir,
+        out / "ckpt",
+        list(range(50)),
         num_generations=4,
         per_device_batch_size=8,
         gradient_accumulation_steps=1,
@@ -89,14 +88,11 @@ def test_adapter_saved_and_checkpoints_kept(trained):
 
 def test_kl_is_logged_with_beta(tmp_path, tmp_path_factory):
     """beta > 0: TRL computes the reference log-probs with the adapter disabled and logs the KL."""
-    from trace_cli.envs.registry import make_env
-
     register_parity()
-    spec = GRPOSpec(
-        model_path=str(tiny_model(tmp_path_factory)),
-        make_env=lambda: make_env(TEST_ENV),
-        seeds=list(range(10)),
-        output_dir=str(tmp_path / "ckpt"),
+    spec = grpo_spec(
+        tiny_model(tmp_path_factory),
+        tmp_path / "ckpt",
+        list(range(10)),
         num_generations=2,
         per_device_batch_size=4,
         gradient_accumulation_steps=1,

@@ -64,7 +64,7 @@ def train(
     GRPO writes an adapter artifact (a PEFT LoRA on the frozen base; evaluate with --model store://adapter/NAME)."""
     from trace_cli.config.loading import apply_overrides, load_document
     from trace_cli.stages.base import execute
-    from trace_cli.training.grpo import is_main_process
+    from trace_cli.training.dist import is_main_process
 
     main = is_main_process()  # under accelerate launch: only rank 0 names artifacts and prints
     cfg = load_document(config_file) or {} if config_file else {}

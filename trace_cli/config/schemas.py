@@ -76,8 +76,11 @@ def format_path(path: Iterable[Any]) -> str:
 
 
 def _messages(error) -> list[tuple[list[Any], str]]:
-    """One (path, message) per problem; unknown keys become one error each, at their own path."""
+    """One (path, message) per problem; unknown keys become one error each, at their own path; a `not` that
+    has a `description` (a schema refusing a key in some case, e.g. another method's key) says that instead."""
     path = list(error.absolute_path)
+    if error.validator == "not" and isinstance(error.schema, dict) and error.schema.get("description"):
+        return [(path, error.schema["description"])]
     if error.validator == "additionalProperties" and isinstance(error.instance, dict):
         allowed = set(error.schema.get("properties", {}))
         patterns = error.schema.get("patternProperties", {})

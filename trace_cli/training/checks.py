@@ -1,5 +1,6 @@
-"""Checks and defaults of the `train` stage that depend on the model: real checkpoints vs from-scratch presets,
-prefix preservation before training, and "did GRPO learn anything" after it (issue 12)."""
+"""Checks and defaults of the `train` stage: defaults that depend on the model kind (real checkpoints vs
+from-scratch presets), everything a run needs checked before any compute (prefix preservation, GRPO's batch
+arithmetic, budgets and context), and "did GRPO learn anything" after it (issue 12)."""
 
 from __future__ import annotations
 
@@ -8,33 +9,29 @@ from typing import Any
 
 from trace_cli.errors import UsageError
 
-# real checkpoints (`trace model import`): LoRA SFT at 3e-4 (measured on SmolLM2-135M: 2e-3 raised the loss
-# from 0.75 to 2.65 in one step; 3e-4 learned exact first tool calls in 60 steps), GRPO at the paper's 1e-5
-PRETRAINED_LR = {"sft": 3e-4, "grpo": 1e-5}
+# real checkpoints (`trace model import`), method sft: a LoRA at 3e-4 (measured on SmolLM2-135M: 2e-3 raised the
+# loss from 0.75 to 2.65 in one step; 3e-4 learned exact first tool calls in 60 steps), and demonstrations as long
+# as they need within the model's context (None); grpo keeps the schema's values (the paper's) for both kinds
+PRETRAINED_DEFAULTS: dict[str, dict[str, Any]] = {
+    "sft": {"learning_rate": 3e-4, "lora": {"enabled": True}, "max_length": None}
+}
 PREFIX_CHECK_SEEDS = 3
+PROMPT_CHECK_SEEDS = 8
 
 
-def kind_defaults(cfg: dict[str, Any], raw: dict[str, Any], store, default_lr: dict[str, float]) -> None:
-    """Defaults that depend on the model kind: a real checkpoint (imported; `trace_model.json`) gets the
-    paper's / measured values (LoRA SFT at 3e-4, SFT max_length from the demonstrations within the context),
-    a from-scratch preset keeps the toy values it was tuned with. Keys the user set are never changed."""
+def kind_defaults(method: str, model: str, store) -> dict[str, Any]:
+    """Defaults that depend on the model kind, to go under the config's own keys: a real checkpoint (imported;
+    `trace_model.json` says pretrained) gets PRETRAINED_DEFAULTS, a from-scratch preset none (the schema's toy
+    values, which it was tuned with, stay)."""
     from trace_cli.models.importer import read_meta
     from trace_cli.models.refs import resolve_model
 
-    method = cfg["method"]
     try:
-        ref = resolve_model(cfg["model"], store)
+        ref = resolve_model(model, store)
         pretrained = ref.kind == "hf" and read_meta(ref.path).get("kind") == "pretrained"
     except UsageError:
         pretrained = False  # the method's own checks report the reference properly
-    if "learning_rate" not in raw:
-        cfg["learning_rate"] = (PRETRAINED_LR if pretrained else default_lr)[method]
-    if method == "sft" and pretrained:
-        if "enabled" not in (raw.get("lora") or {}):
-            lora = {"r": 16, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"}  # schema defaults
-            cfg["lora"] = {**lora, **(cfg.get("lora") or {}), "enabled": True}
-        if "max_length" not in raw:
-            cfg["max_length"] = None  # what the demonstrations need, within the model's context
+    return dict(PRETRAINED_DEFAULTS.get(method, {})) if pretrained else {}
 
 
 def check_prefix(tok, env_ref: Any, seeds: list[int], store, what: str) -> None:
@@ -53,13 +50,105 @@ def check_prefix(tok, env_ref: Any, seeds: list[int], store, what: str) -> None:
         )
 
 
-def load_tokenizer(model, what: str):
+def load_tokenizer(model, what: str, part: str = "tokenizer"):
     from transformers import AutoTokenizer
 
     try:
         return AutoTokenizer.from_pretrained(model.path)
     except Exception as e:  # noqa: BLE001 - any failure here means the directory is not a usable model
-        raise UsageError(f"{what}: cannot load its tokenizer: {e}") from e
+        raise UsageError(f"{what}: cannot load its {part}: {e}") from e
+
+
+def grpo_preflight(cfg: dict[str, Any], seeds: list[int], env, model, store) -> dict[str, Any]:
+    """What a GRPO run needs checked before any compute: batch arithmetic (TRL: per_device_train_batch_size
+    counts completions, and the global batch must hold whole groups), enough seeds per step, the turn budget
+    within the episode's, vLLM and bf16 availability, a prefix-preserving template, and the longest first prompt
+    (of a few seeds) with the episode budget within the model's context. Returns the prompt length and context
+    for the summary."""
+    from trace_cli.training.dist import world_size
+
+    world = world_size()
+    g = cfg["num_generations"]
+    per_step = cfg["per_device_batch_size"] * world * cfg["gradient_accumulation_steps"]
+    if per_step % g:
+        raise UsageError(
+            f"batch: per_device_batch_size ({cfg['per_device_batch_size']}) x processes ({world}) x "
+            f"gradient_accumulation_steps ({cfg['gradient_accumulation_steps']}) = {per_step} episodes per step, "
+            f"not a multiple of num_generations ({g}); every group of {g} rollouts of one seed must fit in a step",
+            hint=f"e.g. --set per_device_batch_size={g} or --set num_generations={_divisor_hint(per_step, g)}",
+        )
+    groups = per_step // g
+    if len(seeds) < groups:
+        raise UsageError(
+            f"seeds: {len(seeds)} seed(s) but each step needs {groups} different seeds "
+            f"({per_step} episodes / num_generations {g}); widen --seeds"
+        )
+    if cfg["max_new_tokens"] > cfg["max_completion_length"]:
+        raise UsageError(
+            f"max_new_tokens ({cfg['max_new_tokens']}) exceeds max_completion_length "
+            f"({cfg['max_completion_length']}), the budget of the whole episode"
+        )
+    _check_devices(cfg)
+    from transformers import AutoConfig
+
+    try:
+        mcfg = AutoConfig.from_pretrained(model.path)
+    except Exception as e:  # noqa: BLE001 - any failure here means the directory is not a usable model
+        raise UsageError(f"--model {cfg['model']!r}: cannot load its config/tokenizer: {e}") from e
+    tok = load_tokenizer(model, f"--model {cfg['model']!r}", "config/tokenizer")
+    ctx = getattr(mcfg, "max_position_embeddings", None) or getattr(
+        getattr(mcfg, "text_config", None), "max_position_embeddings", None
+    )
+    check_prefix(tok, cfg["env"], seeds, store, "grpo")
+    seed_long, longest = max(_initial_prompt_tokens(env, seeds[:PROMPT_CHECK_SEEDS], tok), key=lambda x: x[1])
+    if ctx and longest + cfg["max_completion_length"] > ctx:
+        room = ctx - longest
+        raise UsageError(
+            f"context: the first prompt of seed {seed_long} is {longest} tokens; with max_completion_length "
+            f"{cfg['max_completion_length']} an episode needs {longest + cfg['max_completion_length']} tokens, more "
+            f"than the model's context ({ctx})",
+            hint=f"--set max_completion_length={room}" if room > 0 else "use a model with a longer context",
+        )
+    return {"prompt_tokens": longest, "context": ctx}
+
+
+def _check_devices(cfg: dict[str, Any]) -> None:
+    """use_vllm needs vllm and a CUDA GPU; precision bf16 a GPU."""
+    import importlib.util
+
+    if cfg["use_vllm"]:
+        if importlib.util.find_spec("vllm") is None:
+            raise UsageError(
+                "use_vllm: vllm is not installed (pip install 'trl[vllm]' on a GPU machine); "
+                "or drop use_vllm to generate with transformers"
+            )
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("use_vllm: vLLM generation needs a CUDA GPU; none is visible")
+    if cfg["precision"] == "bf16":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError("precision bf16 needs a GPU here; use precision auto or fp32 on CPU")
+
+
+def _divisor_hint(per_step: int, g: int) -> int:
+    """The largest group size <= g that divides the episodes per step (at least 2)."""
+    return next((d for d in range(g, 1, -1) if per_step % d == 0), 2)
+
+
+def _initial_prompt_tokens(env, seeds: list[int], tok) -> list[tuple[int, int]]:
+    """(seed, tokens of the first prompt: system + opening messages + tools + generation prompt)."""
+    from trace_cli.models.chat import render
+
+    out = []
+    for s in seeds:
+        obs = env.reset(s)
+        messages = [{"role": "system", "content": obs.system_prompt}] + [dict(m) for m in obs.messages]
+        text = render(tok, messages, obs.tools, add_generation_prompt=True)
+        out.append((s, len(tok(text, add_special_tokens=False)["input_ids"])))
+    return out
 
 
 def nothing_learned(rows: list[dict[str, Any]], adapter_dir: Path) -> str | None:

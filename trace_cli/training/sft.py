@@ -9,9 +9,30 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
+
+from trace_cli.errors import UsageError
+from trace_cli.training import from_config
+
+
+@dataclass(frozen=True)
+class SFTSettings:
+    """The optimisation settings of an SFT run, named as the `train` config keys they come from (the schema,
+    schemas/config/train.v1.json, states their defaults)."""
+
+    epochs: float  # passes over the examples
+    learning_rate: float
+    batch_size: int
+    seed: int
+    max_minutes: float | None  # stop after this wall time (the schedule still decays over all steps)
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> SFTSettings:
+        return from_config(cls, config)
 
 
 def demonstrations(
@@ -85,6 +106,35 @@ def tokenize(
     return out
 
 
+def fit_examples(
+    tok, demos: list[dict[str, Any]], max_length: int | None, context: int | None, loss_on: str
+) -> list[tuple[list[int], list[int]]]:
+    """`tokenize` within a length limit: `max_length`, or (None) the model's `context`. Demonstrations longer than
+    it are dropped (counted on stderr); none left is a usage error, and so is a limit beyond the context."""
+    limit = max_length if max_length is not None else context
+    if context and limit and limit > context:
+        raise UsageError(f"max_length {limit} exceeds the model's context ({context}); lower it")
+    examples = tokenize(tok, demos, limit, loss_on)
+    if not examples:
+        raise UsageError(
+            f"no demonstration fits max_length={limit} (model context {context}); "
+            + ("raise it" if max_length is not None else "use a model with a longer context")
+        )
+    if len(examples) < len(demos):
+        print(
+            f"sft: dropped {len(demos) - len(examples)} of {len(demos)} demonstrations longer than {limit} tokens",
+            file=sys.stderr,
+        )
+    return examples
+
+
+def progress_line(m: dict[str, Any]) -> str | None:
+    """The stderr line of an SFT metrics row (every 10th step)."""
+    if m["step"] % 10:
+        return None
+    return f"step {m['step']:>5}  loss {m['loss']:.4f}  lr {m['lr']:.2e}  {m['elapsed_s']:.0f}s"
+
+
 def prefix_mask(tok, messages, tools, template: str) -> tuple[list[int], list[int]]:
     """Assistant mask for a template without `{% generation %}` markers (e.g. a model's own one): the tokens
     between the prompt of assistant turn k and the rendering through turn k, up to and including the first
@@ -138,24 +188,21 @@ def train_sft(
     model,
     tok,
     examples: list[tuple[list[int], list[int]]],
-    *,
-    epochs: float,
-    lr: float,
-    batch_size: int,
-    seed: int,
-    max_minutes: float | None = None,
+    settings: SFTSettings,
     log: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """AdamW + linear warmup + cosine decay over length-bucketed batches; returns per-step metrics."""
     import torch
 
-    torch.manual_seed(seed)
-    rng = random.Random(seed)
+    s = settings
+    batch_size, max_minutes = s.batch_size, s.max_minutes
+    torch.manual_seed(s.seed)
+    rng = random.Random(s.seed)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
+    opt = torch.optim.AdamW(params, lr=s.learning_rate, weight_decay=0.0, betas=(0.9, 0.98))
     steps_per_epoch = math.ceil(len(examples) / batch_size)
-    total = max(1, int(steps_per_epoch * epochs))
+    total = max(1, int(steps_per_epoch * s.epochs))
     warmup = max(1, total // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / total)))
