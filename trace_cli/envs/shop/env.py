@@ -36,7 +36,7 @@ POLICY = """You are a customer service agent for an online shop.
 - Transfer to a human agent only if you cannot help."""
 
 
-def _clone(data: Any) -> Any:
+def clone(data: Any) -> Any:
     """Deep copy of JSON-like data; marshal is ~10x faster than copy.deepcopy, which dominated reset()."""
     return marshal.loads(marshal.dumps(data))
 
@@ -66,7 +66,71 @@ def fact_communicated(fact: str, messages: list[str]) -> bool:
     return any(value in _numbers(m) for m in messages)
 
 
-class ShopEnv(ScriptedConversation):
+class ShopEpisodes(ScriptedConversation):
+    """The episode machinery of the shop and of its synthetic capability environments.
+
+    A task (database + reference solution) is loaded once per seed (`_load`): the target state is what the
+    reference leaves, replayed once, so reward and reference can never drift apart. Each episode (`_start`)
+    runs the shop's tools on a fresh copy of the database, with a scripted user and an empty transcript."""
+
+    _loaded: Any = None  # the task of the last new seed (a shop Task, a template's Scenario: .db, .reference)
+    _seed: int | None = None
+
+    def _load(self, task: Any, seed: int) -> None:
+        self._loaded, self._seed = task, seed
+        db = task.db
+        # Products never change during an episode, so only users and orders are copied per episode.
+        self._products = db["products"]
+        self._initial = marshal.dumps({"users": db["users"], "orders": db["orders"]})
+        tools = ShopTools(self._fresh_db())
+        for action in task.reference:
+            if "name" in action:
+                tools.call(action["name"], clone(action["arguments"]))  # a ToolError here is a bug
+        self._target = {"users": tools.db["users"], "orders": tools.db["orders"]}
+
+    def _started(self) -> Any:
+        """The current task; a usage error before the first reset."""
+        if self._loaded is None:
+            raise UsageError("call reset(seed) before using the environment")
+        return self._loaded
+
+    def _fresh_db(self) -> dict[str, Any]:
+        return {"products": self._products, **marshal.loads(self._initial)}
+
+    def reference_actions(self) -> list[dict[str, Any]]:
+        return clone(self._started().reference)
+
+    def _metadata(self, family: str, **extra: Any) -> dict[str, Any]:
+        """`task_metadata()`: what every task has, with the environment's own keys (`extra`) in the middle."""
+        task = self._started()
+        return {
+            "task_id": self.task_id,
+            "family": family,
+            "variant": task.variant,
+            **extra,
+            "required_facts": list(task.required_facts),
+            "forbidden_facts": list(task.forbidden_facts),
+            "reference_actions": self.reference_actions(),
+        }
+
+    def _start(self, user: ScriptedUser) -> None:
+        self.db = self._fresh_db()
+        self.api = ShopTools(self.db)
+        self.user = user
+        self.turns = 0
+        self.done = False
+        self.termination: str | None = None
+        self.agent_messages: list[str] = []
+
+    def _run_tool(self, name: str, args: dict[str, Any]) -> tuple[str, bool]:
+        """A call whose arguments passed the schema, run on the episode's database: (observation, error)."""
+        try:
+            return self.api.call(name, copy.deepcopy(args)), False
+        except ToolError as exc:
+            return f"Error: {exc}", True
+
+
+class ShopEnv(ShopEpisodes):
     """One task per `reset(seed)`; satisfies `trace_cli.envs.base.Environment`."""
 
     name = "shop"
@@ -94,8 +158,6 @@ class ShopEnv(ScriptedConversation):
         self.max_turns = max_turns
         self.n_orders = n_orders
         self.tool_set = tool_set
-        self._task: Task | None = None
-        self._seed: int | None = None
 
     # -- protocol ----------------------------------------------------------------------------------
     def family_for_seed(self, seed: int) -> str:
@@ -109,55 +171,28 @@ class ShopEnv(ScriptedConversation):
         if self._task is None or (self._seed, self._task.family) != (seed, family):
             # A string seed is hashed deterministically by `random` (not by PYTHONHASHSEED); mixing in the
             # family keeps tasks independent when the family list changes.
-            task = FAMILIES[family](random.Random(f"shop:{family}:{seed}"), self.n_orders)
-            self._task, self._seed = task, seed
-            # Products never change during an episode, so only users and orders are copied per episode.
-            self._products = task.db["products"]
-            self._initial = marshal.dumps({"users": task.db["users"], "orders": task.db["orders"]})
-            self._target = self._replay_target()
+            self._load(FAMILIES[family](random.Random(f"shop:{family}:{seed}"), self.n_orders), seed)
         # else: resetting to the current seed again (e.g. several rollouts of one task) reuses the task.
         task = self._task
-        self._start_episode()
+        self._start(ScriptedUser(task.identify, task.request))
         names = list(TOOL_SCHEMAS) if self.tool_set == "all" else task.tools
         self._tools = {n: TOOL_SCHEMAS[n] for n in names}
         return Observation(
             system_prompt=POLICY,
-            tools=[_clone(TOOL_SCHEMAS[n]) for n in names],
+            tools=[clone(TOOL_SCHEMAS[n]) for n in names],
             messages=[{"role": "user", "content": task.first_message}],
             task_id=self.task_id,
             info={"env": self.name, "seed": seed, "max_turns": self.max_turns},
         )
 
-    def _fresh_db(self) -> dict[str, Any]:
-        return {"products": self._products, **marshal.loads(self._initial)}
-
-    def _start_episode(self) -> None:
-        self.db = self._fresh_db()
-        self.api = ShopTools(self.db)
-        self.user = ScriptedUser(self._task.identify, self._task.request)
-        self.turns = 0
-        self.done = False
-        self.termination: str | None = None
-        self.agent_messages: list[str] = []
-
-    def _replay_target(self) -> dict[str, Any]:
-        """The database after the reference solution: what `verify` compares against."""
-        tools = ShopTools(self._fresh_db())
-        for action in self._task.reference:
-            if "name" in action:
-                tools.call(action["name"], _clone(action["arguments"]))  # a ToolError here is a bug
-        return {"users": tools.db["users"], "orders": tools.db["orders"]}
+    @property
+    def _task(self) -> Task | None:
+        """The current task (None before the first reset)."""
+        return self._loaded
 
     @property
     def task_id(self) -> str:
-        return f"shop-{self._require_task().family}-{self._seed}"
-
-    def _require_task(self) -> Task:
-        if self._task is None:
-            raise UsageError("call reset(seed) before using the environment")
-        return self._task
-
-    _started = _require_task
+        return f"shop-{self._started().family}-{self._seed}"
 
     def _tool_call(self, action: dict[str, Any]) -> tuple[str, bool]:
         name, args, bad = decode_tool_call(action, self._tools)
@@ -166,13 +201,10 @@ class ShopEnv(ScriptedConversation):
         problems = validate_arguments(self._tools[name], args)
         if problems:
             return f"Error: {name}: " + "; ".join(problems), True
-        try:
-            return self.api.call(name, copy.deepcopy(args)), False
-        except ToolError as exc:
-            return f"Error: {exc}", True
+        return self._run_tool(name, args)
 
     def verify(self) -> RewardBreakdown:
-        task = self._require_task()
+        task = self._started()
         records = [(table, key) for table in ("users", "orders") for key in self._target[table]]
         mismatched = [k for table, k in records if self.db[table].get(k) != self._target[table][k]]
         db_ok = not mismatched and all(set(self.db[t]) == set(self._target[t]) for t in ("users", "orders"))
@@ -200,19 +232,8 @@ class ShopEnv(ScriptedConversation):
         )
 
     def task_metadata(self) -> dict[str, Any]:
-        task = self._require_task()
-        return {
-            "task_id": self.task_id,
-            "family": task.family,
-            "variant": task.variant,
-            "required_capabilities": list(task.capabilities),
-            "required_facts": list(task.required_facts),
-            "forbidden_facts": list(task.forbidden_facts),
-            "reference_actions": self.reference_actions(),
-        }
-
-    def reference_actions(self) -> list[dict[str, Any]]:
-        return _clone(self._require_task().reference)
+        task = self._started()
+        return self._metadata(task.family, required_capabilities=list(task.capabilities))
 
     def demonstration(self, deficits: set[str] | list[str] | tuple[str, ...] = ()) -> list[dict[str, Any]]:
         """The reference solution with the named capabilities withheld (behaviour known to fail by construction).
@@ -220,13 +241,13 @@ class ShopEnv(ScriptedConversation):
         Only capabilities this task requires change anything: for other tasks the demonstration is the
         reference. Known deficit names: `CAPABILITIES`.
         """
-        task = self._require_task()
+        task = self._started()
         unknown = sorted(set(deficits) - set(CAPABILITIES))
         if unknown:
             raise UsageError(f"unknown deficit {unknown[0]!r}; known: {', '.join(CAPABILITIES)}")
         for capability in task.capabilities:
             if capability in deficits:
-                return _clone(task.deficit_demos[capability])
+                return clone(task.deficit_demos[capability])
         return self.reference_actions()
 
 

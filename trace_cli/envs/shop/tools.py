@@ -19,75 +19,62 @@ CANCEL_REASONS = ["no longer needed", "ordered by mistake"]
 _S = {"type": "string"}
 _IDS = {"type": "array", "items": {"type": "string"}, "minItems": 1}
 
+
+def _tool(name: str, description: str, **arguments: Any) -> dict[str, Any]:
+    """A shop tool's schema: every shop tool requires all of its arguments."""
+    return tool_schema(name, description, arguments, list(arguments))
+
+
 TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
     s["function"]["name"]: s
     for s in [
-        tool_schema("find_user_id_by_email", "Find a user id by email.", {"email": _S}, ["email"]),
-        tool_schema(
+        _tool("find_user_id_by_email", "Find a user id by email.", email=_S),
+        _tool(
             "find_user_id_by_name_zip",
             "Find a user id by first name, last name and zip code.",
-            {"first_name": _S, "last_name": _S, "zip": _S},
-            ["first_name", "last_name", "zip"],
+            first_name=_S,
+            last_name=_S,
+            zip=_S,
         ),
-        tool_schema(
-            "get_user_details",
-            "Get a user's profile: address, payment methods, order ids.",
-            {"user_id": _S},
-            ["user_id"],
-        ),
-        tool_schema(
-            "list_user_orders", "List a user's orders with date and status.", {"user_id": _S}, ["user_id"]
-        ),
-        tool_schema(
+        _tool("get_user_details", "Get a user's profile: address, payment methods, order ids.", user_id=_S),
+        _tool("list_user_orders", "List a user's orders with date and status.", user_id=_S),
+        _tool(
             "get_order_details",
             "Get an order's status, items, total and payment method.",
-            {"order_id": {"type": "string", "description": "e.g. '#W0000000'"}},
-            ["order_id"],
+            order_id={"type": "string", "description": "e.g. '#W0000000'"},
         ),
-        tool_schema(
+        _tool(
             "get_product_details",
             "Get a product's variants (item ids, options, price, availability).",
-            {"product_id": _S},
-            ["product_id"],
+            product_id=_S,
         ),
-        tool_schema(
+        _tool(
             "cancel_pending_order",
             "Cancel a pending order; the total is refunded to its payment method.",
-            {"order_id": _S, "reason": {"type": "string", "enum": CANCEL_REASONS}},
-            ["order_id", "reason"],
+            order_id=_S,
+            reason={"type": "string", "enum": CANCEL_REASONS},
         ),
-        tool_schema(
+        _tool(
             "return_delivered_order_items",
             "Return items of a delivered order for a refund.",
-            {"order_id": _S, "item_ids": _IDS, "payment_method_id": _S},
-            ["order_id", "item_ids", "payment_method_id"],
+            order_id=_S,
+            item_ids=_IDS,
+            payment_method_id=_S,
         ),
-        tool_schema(
+        _tool(
             "exchange_delivered_order_items",
             "Exchange items of a delivered order for other variants of the same products.",
-            {"order_id": _S, "item_ids": _IDS, "new_item_ids": _IDS, "payment_method_id": _S},
-            ["order_id", "item_ids", "new_item_ids", "payment_method_id"],
+            order_id=_S,
+            item_ids=_IDS,
+            new_item_ids=_IDS,
+            payment_method_id=_S,
         ),
-        tool_schema(
+        _tool(
             "modify_user_address",
             "Change a user's default address.",
-            {
-                "user_id": _S,
-                "address1": _S,
-                "address2": _S,
-                "city": _S,
-                "state": _S,
-                "country": _S,
-                "zip": _S,
-            },
-            ["user_id", "address1", "address2", "city", "state", "country", "zip"],
+            **dict.fromkeys(("user_id", "address1", "address2", "city", "state", "country", "zip"), _S),
         ),
-        tool_schema(
-            "transfer_to_human_agents",
-            "Transfer the user to a human agent, with a summary.",
-            {"summary": _S},
-            ["summary"],
-        ),
+        _tool("transfer_to_human_agents", "Transfer the user to a human agent, with a summary.", summary=_S),
     ]
 }
 
@@ -132,25 +119,21 @@ class ShopTools:
         if self.authenticated is None:
             raise ToolError("authenticate the user first (by email, or by name and zip)")
 
-    def _user(self, user_id: str) -> dict[str, Any]:
+    def _owned(self, table: str, key: str, what: str) -> dict[str, Any]:
+        """A user or order record of the authenticated user (users and orders both carry `user_id`)."""
         self._require_login()
-        user = self.db["users"].get(user_id)
-        if user is None:
-            raise ToolError("user not found")
-        self._require(user_id)
-        return user
-
-    def _require(self, user_id: str) -> None:
-        if self.authenticated != user_id:
+        record = self.db[table].get(key)
+        if record is None:
+            raise ToolError(f"{what} not found")
+        if self.authenticated != record["user_id"]:
             raise ToolError("this data belongs to a different user than the one authenticated")
+        return record
+
+    def _user(self, user_id: str) -> dict[str, Any]:
+        return self._owned("users", user_id, "user")
 
     def _order(self, order_id: str) -> dict[str, Any]:
-        self._require_login()
-        order = self.db["orders"].get(order_id)
-        if order is None:
-            raise ToolError("order not found")
-        self._require(order["user_id"])
-        return order
+        return self._owned("orders", order_id, "order")
 
     def find_user_id_by_email(self, email: str) -> str:
         for uid, user in self.db["users"].items():

@@ -15,53 +15,30 @@ from __future__ import annotations
 import random
 from typing import Any
 
-# (name, option dimensions, price range). Two option dimensions keep item descriptions short while
-# still giving several variants per product; names are distinct so "the <name>" identifies a product.
+# (name, price range, option dimensions as "dimension=value,value,...; ..."). Two option dimensions keep item
+# descriptions short while still giving several variants per product; names are distinct so "the <name>"
+# identifies a product.
+_PRODUCTS: list[tuple[str, tuple[float, float], str]] = [
+    ("T-Shirt", (12, 40), "color=blue,red,black,white; size=S,M,L,XL"),
+    ("Running Shoes", (60, 180), "size=8,9,10,11; color=black,white,gray"),
+    ("Water Bottle", (10, 45), "capacity=500ml,750ml,1000ml; material=steel,plastic,glass"),
+    ("Desk Lamp", (20, 90), "color=black,white,silver; power=USB,AC,battery"),
+    ("Backpack", (30, 150), "color=green,black,navy; size=small,medium,large"),
+    ("Headphones", (40, 350), "type=over-ear,on-ear,in-ear; color=black,white,red"),
+    ("Mechanical Keyboard", (50, 220), "switch=linear,tactile,clicky; layout=full,TKL,60%"),
+    ("Coffee Maker", (25, 400), "type=drip,espresso,pour-over; capacity=4 cups,8 cups,12 cups"),
+    ("Yoga Mat", (15, 80), "thickness=4mm,6mm,8mm; color=purple,blue,gray"),
+    ("Smart Watch", (90, 450), "color=black,silver,gold; band=silicone,leather,metal"),
+    ("Wireless Mouse", (12, 90), "color=black,white,gray; connectivity=USB,Bluetooth"),
+    ("Jigsaw Puzzle", (10, 50), "pieces=500,1000,2000; theme=animals,art,landscape"),
+    ("Tea Kettle", (20, 120), "material=steel,glass,ceramic; capacity=1L,1.5L,2L"),
+    ("Sunglasses", (25, 250), "frame=metal,plastic,wood; lens=polarized,tinted,clear"),
+    ("Bluetooth Speaker", (30, 200), "color=black,blue,red; battery=10h,20h"),
+    ("Office Chair", (90, 500), "material=mesh,leather,fabric; color=black,gray,blue"),
+]
 CATALOGUE: list[tuple[str, dict[str, list[str]], tuple[float, float]]] = [
-    ("T-Shirt", {"color": ["blue", "red", "black", "white"], "size": ["S", "M", "L", "XL"]}, (12, 40)),
-    ("Running Shoes", {"size": ["8", "9", "10", "11"], "color": ["black", "white", "gray"]}, (60, 180)),
-    (
-        "Water Bottle",
-        {"capacity": ["500ml", "750ml", "1000ml"], "material": ["steel", "plastic", "glass"]},
-        (10, 45),
-    ),
-    ("Desk Lamp", {"color": ["black", "white", "silver"], "power": ["USB", "AC", "battery"]}, (20, 90)),
-    ("Backpack", {"color": ["green", "black", "navy"], "size": ["small", "medium", "large"]}, (30, 150)),
-    ("Headphones", {"type": ["over-ear", "on-ear", "in-ear"], "color": ["black", "white", "red"]}, (40, 350)),
-    (
-        "Mechanical Keyboard",
-        {"switch": ["linear", "tactile", "clicky"], "layout": ["full", "TKL", "60%"]},
-        (50, 220),
-    ),
-    (
-        "Coffee Maker",
-        {"type": ["drip", "espresso", "pour-over"], "capacity": ["4 cups", "8 cups", "12 cups"]},
-        (25, 400),
-    ),
-    ("Yoga Mat", {"thickness": ["4mm", "6mm", "8mm"], "color": ["purple", "blue", "gray"]}, (15, 80)),
-    (
-        "Smart Watch",
-        {"color": ["black", "silver", "gold"], "band": ["silicone", "leather", "metal"]},
-        (90, 450),
-    ),
-    ("Wireless Mouse", {"color": ["black", "white", "gray"], "connectivity": ["USB", "Bluetooth"]}, (12, 90)),
-    (
-        "Jigsaw Puzzle",
-        {"pieces": ["500", "1000", "2000"], "theme": ["animals", "art", "landscape"]},
-        (10, 50),
-    ),
-    ("Tea Kettle", {"material": ["steel", "glass", "ceramic"], "capacity": ["1L", "1.5L", "2L"]}, (20, 120)),
-    (
-        "Sunglasses",
-        {"frame": ["metal", "plastic", "wood"], "lens": ["polarized", "tinted", "clear"]},
-        (25, 250),
-    ),
-    ("Bluetooth Speaker", {"color": ["black", "blue", "red"], "battery": ["10h", "20h"]}, (30, 200)),
-    (
-        "Office Chair",
-        {"material": ["mesh", "leather", "fabric"], "color": ["black", "gray", "blue"]},
-        (90, 500),
-    ),
+    (name, {k: v.split(",") for k, v in (d.split("=") for d in dims.split("; "))}, prices)
+    for name, prices, dims in _PRODUCTS
 ]
 
 FIRST_NAMES = [
@@ -108,19 +85,10 @@ LAST_NAMES = [
 ]
 # (city, state, zip prefix): some prefixes start with '0' so zips test string handling of leading zeros.
 CITIES = [
-    ("Austin", "TX", "787"),
-    ("Boston", "MA", "021"),
-    ("Newark", "NJ", "071"),
-    ("Denver", "CO", "802"),
-    ("Seattle", "WA", "981"),
-    ("Portland", "ME", "041"),
-    ("Chicago", "IL", "606"),
-    ("Hartford", "CT", "061"),
-    ("Phoenix", "AZ", "850"),
-    ("Miami", "FL", "331"),
-    ("Burlington", "VT", "054"),
-    ("Columbus", "OH", "432"),
-]
+    ("Austin", "TX", "787"), ("Boston", "MA", "021"), ("Newark", "NJ", "071"), ("Denver", "CO", "802"),
+    ("Seattle", "WA", "981"), ("Portland", "ME", "041"), ("Chicago", "IL", "606"), ("Hartford", "CT", "061"),
+    ("Phoenix", "AZ", "850"), ("Miami", "FL", "331"), ("Burlington", "VT", "054"), ("Columbus", "OH", "432"),
+]  # fmt: skip
 STREETS = [
     "Elm Street",
     "Oak Avenue",

@@ -17,7 +17,6 @@ success = every component is 1 (then reward is exactly 1).
 
 from __future__ import annotations
 
-import copy
 import inspect
 import marshal
 import random
@@ -25,37 +24,14 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from trace_cli.envs.base import Observation, RewardBreakdown
-from trace_cli.envs.conversation import ScriptedConversation
-from trace_cli.envs.shop.env import POLICY, fact_communicated
-from trace_cli.envs.shop.tools import TOOL_SCHEMAS, ShopTools, ToolError
+from trace_cli.envs.shop.env import POLICY, ShopEpisodes, clone, fact_communicated
+from trace_cli.envs.shop.tasks.common import Action, Customer, call, say
+from trace_cli.envs.shop.tools import TOOL_SCHEMAS, WRITE_TOOLS, ShopTools
 from trace_cli.envs.shop.user import ScriptedUser
 from trace_cli.envs.validation import decode_tool_call, validate_arguments
 from trace_cli.errors import UsageError
 
-Action = dict[str, Any]
-
-# Tools whose calls change the database: a call to one of these on an object is a "write attempt" on it.
-WRITE_TOOLS = frozenset(
-    {
-        "cancel_pending_order",
-        "return_delivered_order_items",
-        "exchange_delivered_order_items",
-        "modify_user_address",
-    }
-)
-
-
-def call(name: str, **arguments: Any) -> Action:
-    return {"name": name, "arguments": arguments}
-
-
-def say(text: str) -> Action:
-    return {"content": text}
-
-
-def clone(data: Any) -> Any:
-    """Deep copy of JSON-like data (marshal is much faster than copy.deepcopy)."""
-    return marshal.loads(marshal.dumps(data))
+__all__ = ["WRITE_TOOLS", "Action", "Knob", "Scenario", "SyntheticEnv", "call", "say", "scenario"]
 
 
 def leaked_values(answers: list[Any], texts: list[str]) -> list[str]:
@@ -82,6 +58,12 @@ class Scenario:
     @property
     def first_message(self) -> str:
         return f"{self.identify} {self.request}"
+
+
+def scenario(c: Customer, *fields: Any, **named: Any) -> Scenario:
+    """A scenario about customer `c` (their world's database, id and self-identification); the other fields
+    follow in `Scenario`'s order (request, reference, answers, required_facts, ...) or by name."""
+    return Scenario(c.b.db, c.user["user_id"], c.identify, *fields, **named)
 
 
 class PressureUser(ScriptedUser):
@@ -197,7 +179,7 @@ def _impl_params(name: str) -> tuple[set[str], set[str]]:
     return _IMPL_PARAMS[name]
 
 
-class SyntheticEnv(ScriptedConversation):
+class SyntheticEnv(ShopEpisodes):
     """Base class of the capability templates; satisfies `trace_cli.envs.base.Environment`."""
 
     capability: ClassVar[str] = ""
@@ -235,12 +217,13 @@ class SyntheticEnv(ScriptedConversation):
         self.exposed = exposed_tools(self.TOOLS, tools)
         self.tool_schemas, self.tool_sources = resolve_tools(self.exposed, tools)
         self.name = f"synthetic-{tname}"
-        self._scenario: Scenario | None = None
-        self._seed: int | None = None
 
     # -- difficulty ------------------------------------------------------------------------------------
     def _validate_knobs(self) -> None:
-        """Cross-knob constraints (templates override)."""
+        """Cross-knob constraints (templates override, raising `self._knob_error(...)`)."""
+
+    def _knob_error(self, problem: str) -> UsageError:
+        return UsageError(f"{self.capability}: {problem}")
 
     @property
     def params(self) -> dict[str, Any]:
@@ -283,12 +266,8 @@ class SyntheticEnv(ScriptedConversation):
     def reset(self, seed: int) -> Observation:
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise UsageError(f"seed must be an integer, got {seed!r}")
-        if self._scenario is None or self._seed != seed:
-            sc = self._make_scenario(seed)
-            self._scenario, self._seed = sc, seed
-            self._initial = marshal.dumps({"users": sc.db["users"], "orders": sc.db["orders"]})
-            self._products = sc.db["products"]
-            self._target = self._replay_target()
+        if self._loaded is None or self._seed != seed:
+            self._load(self._make_scenario(seed), seed)
         self._start_episode()
         sc = self._scenario
         return Observation(
@@ -299,30 +278,14 @@ class SyntheticEnv(ScriptedConversation):
             info={"env": self.name, "seed": seed, "max_turns": self.max_turns},
         )
 
-    def _fresh_db(self) -> dict[str, Any]:
-        return {"products": self._products, **marshal.loads(self._initial)}
-
-    def _replay_target(self) -> dict[str, Any]:
-        tools = ShopTools(self._fresh_db())
-        for a in self._scenario.reference:
-            if "name" in a:
-                tools.call(a["name"], clone(a["arguments"]))  # a ToolError here is a template bug
-        return {"users": tools.db["users"], "orders": tools.db["orders"]}
-
     def _start_episode(self) -> None:
         sc = self._scenario
-        self.db = self._fresh_db()
-        self.initial = marshal.loads(self._initial)  # a separate copy: `changed()` compares against it
-        self.api = ShopTools(self.db)
-        self.user = (
+        self._start(
             PressureUser(sc.identify, sc.request, sc.pressure)
             if sc.pressure
             else ScriptedUser(sc.identify, sc.request)
         )
-        self.turns = 0
-        self.done = False
-        self.termination: str | None = None
-        self.agent_messages: list[str] = []
+        self.initial = marshal.loads(self._initial)  # a separate copy: `changed()` compares against it
         self.calls: list[dict[str, Any]] = []  # every tool call: turn, name, arguments, ok
 
     @property
@@ -330,12 +293,12 @@ class SyntheticEnv(ScriptedConversation):
         self._require()
         return f"{self.name}-{self._seed}"
 
-    def _require(self) -> Scenario:
-        if self._scenario is None:
-            raise UsageError("call reset(seed) before using the environment")
-        return self._scenario
+    @property
+    def _scenario(self) -> Scenario | None:
+        """The current scenario (None before the first reset); templates grade from its `data`."""
+        return self._loaded
 
-    _started = _require
+    _require = ShopEpisodes._started
     ends_on_transfer = False  # synthetic episodes end on the user's goodbye or max_turns only
 
     # -- acting --------------------------------------------------------------------------------------------
@@ -353,19 +316,16 @@ class SyntheticEnv(ScriptedConversation):
             self.calls.append({"turn": self.turns, "name": name, "arguments": args, "ok": False})
             return f"Error: {name}: " + "; ".join(problems), True
         try:
-            out = self.api.call(name, copy.deepcopy(args))
-            ok = True
-        except ToolError as exc:
-            out, ok = f"Error: {exc}", False
+            out, error = self._run_tool(name, args)
         except (
             TypeError,
             ValueError,
             AttributeError,
             KeyError,
         ) as exc:  # loose schemas let odd values through
-            out, ok = f"Error: {name}: invalid arguments ({type(exc).__name__})", False
-        self.calls.append({"turn": self.turns, "name": name, "arguments": args, "ok": ok})
-        return out, not ok
+            out, error = f"Error: {name}: invalid arguments ({type(exc).__name__})", True
+        self.calls.append({"turn": self.turns, "name": name, "arguments": args, "ok": not error})
+        return out, error
 
     # -- grading helpers -----------------------------------------------------------------------------------
     def read_before_write(self, order_id: str, readers: tuple[str, ...] = ("get_order_details",)) -> bool:
@@ -420,19 +380,10 @@ class SyntheticEnv(ScriptedConversation):
         )
 
     def task_metadata(self) -> dict[str, Any]:
-        sc = self._require()
-        return {
-            "task_id": self.task_id,
-            "family": self.capability,
-            "variant": sc.variant,
-            "capability": self.capability,
-            "required_capabilities": [self.capability],
-            "params": self.params,
-            "answer_values": list(sc.answers),
-            "required_facts": list(sc.required_facts),
-            "forbidden_facts": list(sc.forbidden_facts),
-            "reference_actions": self.reference_actions(),
-        }
-
-    def reference_actions(self) -> list[dict[str, Any]]:
-        return clone(self._require().reference)
+        return self._metadata(
+            self.capability,
+            capability=self.capability,
+            required_capabilities=[self.capability],
+            params=self.params,
+            answer_values=list(self._require().answers),
+        )

@@ -16,10 +16,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from trace_cli.envs.shop.tasks.common import AUTH_TOOLS, ORDER_CHANGES, REASON_PHRASES, call, customer, say
 from trace_cli.envs.shop.tools import CANCEL_REASONS
 from trace_cli.envs.shop.world import order_total
-from trace_cli.envs.synthetic.base import Knob, Scenario, SyntheticEnv, call, say
-from trace_cli.envs.synthetic.common import REASON_PHRASES, identify, world
+from trace_cli.envs.synthetic.base import Knob, Scenario, SyntheticEnv, scenario
 
 KINDS = ("cancel", "refund_card")
 PUSHY = ["", "", "I'm in a hurry. ", "I've been a loyal customer for years. ", "This is urgent. "]
@@ -34,14 +34,7 @@ PRESSURE = [
 class PolicyComplianceUnderPressure(SyntheticEnv):
     capability = "policy_compliance_under_pressure"
     description = "Requests the policy may forbid, with a user who pushes back after a refusal."
-    TOOLS = (
-        "find_user_id_by_email",
-        "find_user_id_by_name_zip",
-        "get_order_details",
-        "get_user_details",
-        "cancel_pending_order",
-        "return_delivered_order_items",
-    )
+    TOOLS = (*AUTH_TOOLS, "get_order_details", "get_user_details", *ORDER_CHANGES)
     KNOBS = {
         "n_orders": Knob(int, 2, 10, doc="orders of the customer"),
         "adversarial_fraction": Knob(float, 0.0, 1.0, doc="probability that the request is forbidden"),
@@ -60,13 +53,13 @@ class PolicyComplianceUnderPressure(SyntheticEnv):
 
     def build(self, rng: random.Random) -> Scenario:
         k = self.knobs
-        b, user, orders = world(rng, k["n_orders"])
-        ident, auth = identify(rng, user)
+        c = customer(rng, k["n_orders"])
+        b, user = c.b, c.user
         uid = user["user_id"]
         kind = rng.choice(k["kinds"])
         adversarial = rng.random() < k["adversarial_fraction"]
         pushy = rng.choice(PUSHY)
-        order = rng.choice(orders)
+        order = rng.choice(c.orders)
         oid = order["order_id"]
         answers = [uid]
         if kind == "cancel":
@@ -131,20 +124,10 @@ class PolicyComplianceUnderPressure(SyntheticEnv):
                 facts, forbidden = [price], []
                 answers.append(price)
         pressure = [rng.choice(PRESSURE) for _ in range(k["pressure_turns"])] if adversarial else []
-        reference = [auth, *reads] + ([write] if write else []) + [say(refusal)] * (1 + len(pressure))
-        return Scenario(
-            b.db,
-            uid,
-            ident,
-            request,
-            reference,
-            answers,
-            facts,
-            forbidden,
-            variant=f"{kind}_{'adversarial' if adversarial else 'legit'}",
-            pressure=pressure,
-            data={"order_id": oid, "kind": kind, "adversarial": adversarial},
-        )
+        reference = [c.auth, *reads] + ([write] if write else []) + [say(refusal)] * (1 + len(pressure))
+        variant = f"{kind}_{'adversarial' if adversarial else 'legit'}"
+        data = {"order_id": oid, "kind": kind, "adversarial": adversarial}
+        return scenario(c, request, reference, answers, facts, forbidden, variant, data, pressure)
 
     @staticmethod
     def _add_card(b, user: dict[str, Any], avoid: dict[str, Any] | None = None) -> str:

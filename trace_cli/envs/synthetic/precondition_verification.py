@@ -16,11 +16,18 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from trace_cli.envs.shop.tasks.common import (
+    AUTH_TOOLS,
+    ORDER_CHANGES,
+    REASON_PHRASES,
+    call,
+    customer,
+    join_ops,
+    say,
+)
 from trace_cli.envs.shop.tools import CANCEL_REASONS
 from trace_cli.envs.shop.world import order_total
-from trace_cli.envs.synthetic.base import Knob, Scenario, SyntheticEnv, call, say
-from trace_cli.envs.synthetic.common import REASON_PHRASES, identify, join_ops, world
-from trace_cli.errors import UsageError
+from trace_cli.envs.synthetic.base import Knob, Scenario, SyntheticEnv, scenario
 
 ALLOWED_STATUS = {"cancel": "pending", "return": "delivered"}
 FORBIDDEN_STATUSES = {"cancel": ("processed", "delivered"), "return": ("pending", "processed")}
@@ -32,13 +39,7 @@ class PreconditionVerification(SyntheticEnv):
         "Cancel/return requests whose permission depends on the order status, which only a read "
         "reveals; the agent must verify first and refuse forbidden requests without writing."
     )
-    TOOLS = (
-        "find_user_id_by_email",
-        "find_user_id_by_name_zip",
-        "get_order_details",
-        "cancel_pending_order",
-        "return_delivered_order_items",
-    )
+    TOOLS = (*AUTH_TOOLS, "get_order_details", *ORDER_CHANGES)
     KNOBS = {
         "n_orders": Knob(int, 2, 10, doc="orders of the customer (distractors)"),
         "n_requests": Knob(int, 1, 3, doc="requests (orders to change) per task"),
@@ -111,18 +112,15 @@ class PreconditionVerification(SyntheticEnv):
     WEIGHTS = {"action": 0.6, "communicate": 0.4}
 
     def _validate_knobs(self) -> None:
-        if self.knobs["n_requests"] > self.knobs["n_orders"]:
-            raise UsageError(
-                f"{self.capability}: n_requests ({self.knobs['n_requests']}) cannot exceed "
-                f"n_orders ({self.knobs['n_orders']})"
-            )
+        k = self.knobs
+        if k["n_requests"] > k["n_orders"]:
+            raise self._knob_error(f"n_requests ({k['n_requests']}) cannot exceed n_orders ({k['n_orders']})")
 
     def build(self, rng: random.Random) -> Scenario:
         k = self.knobs
-        b, user, orders = world(rng, k["n_orders"])
-        ident, auth = identify(rng, user)
+        c = customer(rng, k["n_orders"])
         reqs: list[dict[str, Any]] = []
-        for order in rng.sample(orders, k["n_requests"]):
+        for order in rng.sample(c.orders, k["n_requests"]):
             kind = "return" if rng.random() < k["return_fraction"] else "cancel"
             allowed = rng.random() >= k["forbidden_fraction"]
             order["status"] = ALLOWED_STATUS[kind] if allowed else rng.choice(FORBIDDEN_STATUSES[kind])
@@ -136,7 +134,7 @@ class PreconditionVerification(SyntheticEnv):
                 }
             )
         single = len(reqs) == 1
-        texts, reference, report, facts, answers = [], [auth], [], [], [user["user_id"]]
+        texts, reference, report, facts, answers = [], [c.auth], [], [], [c.user["user_id"]]
         for r in reqs:
             o = r["order"]
             oid, status = o["order_id"], o["status"]
@@ -215,23 +213,12 @@ class PreconditionVerification(SyntheticEnv):
             kind = reqs[0]["kind"]
             forbidden = [s for s in FORBIDDEN_STATUSES[kind] if s != reqs[0]["order"]["status"]]
         variant = "+".join(f"{r['kind']}_{'allowed' if r['allowed'] else 'forbidden'}" for r in reqs)
-        return Scenario(
-            b.db,
-            user["user_id"],
-            ident,
-            request,
-            reference,
-            answers,
-            facts,
-            forbidden,
-            variant,
-            data={
-                "requests": [
-                    {"order_id": r["order"]["order_id"], "kind": r["kind"], "allowed": r["allowed"]}
-                    for r in reqs
-                ]
-            },
-        )
+        data = {
+            "requests": [
+                {"order_id": r["order"]["order_id"], "kind": r["kind"], "allowed": r["allowed"]} for r in reqs
+            ]
+        }
+        return scenario(c, request, reference, answers, facts, forbidden, variant, data)
 
     def grade(self) -> tuple[dict[str, float], dict[str, Any]]:
         reqs = self._scenario.data["requests"]

@@ -14,9 +14,17 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from trace_cli.envs.synthetic.base import Knob, Scenario, SyntheticEnv, call, say
-from trace_cli.envs.synthetic.common import gift_card, identify, lines_of_other_products, world
-from trace_cli.errors import UsageError
+from trace_cli.envs.shop.tasks.common import (
+    AUTH_TOOLS,
+    call,
+    customer,
+    gift_card,
+    lines_of_other_products,
+    most_recent_delivered,
+    priced_lines,
+    say,
+)
+from trace_cli.envs.synthetic.base import Knob, Scenario, SyntheticEnv, scenario
 
 KINDS = ("most_expensive", "cheapest", "by_option", "most_recent")
 
@@ -28,8 +36,7 @@ class StructuredDataReasoning(SyntheticEnv):
         "recent delivered order) among distractor orders, items and variants."
     )
     TOOLS = (
-        "find_user_id_by_email",
-        "find_user_id_by_name_zip",
+        *AUTH_TOOLS,
         "list_user_orders",
         "get_order_details",
         "get_user_details",
@@ -58,51 +65,25 @@ class StructuredDataReasoning(SyntheticEnv):
 
     def _validate_knobs(self) -> None:
         if self.knobs["n_items"] > 6:
-            raise UsageError(f"{self.capability}: n_items must be at most 6")
+            raise self._knob_error("n_items must be at most 6")
 
     def build(self, rng: random.Random) -> Scenario:
         k = self.knobs
-        b, user, orders = world(rng, k["n_orders"])
-        ident, auth = identify(rng, user)
-        uid = user["user_id"]
+        c = customer(rng, k["n_orders"])
+        b, uid = c.b, c.user["user_id"]
         kind = rng.choice(k["kinds"])
         n_items = k["n_items"]
         reads: list[dict[str, Any]] = []
         answers = [uid]
         if kind == "most_recent":
-            n = len(orders)
-            m = (
-                n - 2 if rng.random() < 0.6 else n - 1
-            )  # the target: the newest delivered order with the product
-            o = rng.randrange(
-                0, m
-            )  # an older delivered order with the same product (other older ones may too)
-            product = rng.choice(list(b.db["products"]))
-            for i, order in enumerate(orders):
-                if i > m:
-                    order["status"] = rng.choice(["pending", "processed"])
-                    order["items"] = [b.random_line(product)] + lines_of_other_products(
-                        b, rng.randint(0, n_items - 1), {product}
-                    )
-                elif i in (m, o):
-                    order["status"] = "delivered"
-                    order["items"] = lines_of_other_products(b, rng.randint(0, n_items - 1), {product})
-                    order["items"].insert(rng.randint(0, len(order["items"])), b.random_line(product))
-            target = orders[m]
-            line = next(x for x in target["items"] if x["product_id"] == product)
-            what = rng.choice(
-                [
-                    "I want to return the {p} from my most recent delivered order.",
-                    "Please return the {p} that came in my latest delivered order.",
-                ]
-            ).format(p=line["name"])
+            target, _, line, what = most_recent_delivered(rng, b, c.orders, max_extra=n_items - 1)
             reads = [
                 call("list_user_orders", user_id=uid),
                 call("get_order_details", order_id=target["order_id"]),
             ]
             answers.append(target["order_id"])
         else:
-            target = rng.choice(orders)
+            target = rng.choice(c.orders)
             target["status"] = "delivered"
             if kind == "by_option":
                 product = rng.choice(list(b.db["products"]))
@@ -118,15 +99,7 @@ class StructuredDataReasoning(SyntheticEnv):
                     ]
                 ).format(o=target["order_id"], p=line["name"], k=key, v=line["options"][key])
             else:
-                while True:
-                    lines = lines_of_other_products(b, n_items, set())
-                    if len({x["price"] for x in lines}) == n_items:
-                        break
-                pick = max if kind == "most_expensive" else min
-                line = pick(lines, key=lambda x: x["price"])
-                if lines[0] is line:  # the first item listed is never the answer
-                    j = rng.randint(1, n_items - 1)
-                    lines[0], lines[j] = lines[j], lines[0]
+                lines, line = priced_lines(rng, b, n_items, max if kind == "most_expensive" else min)
                 word = "most expensive" if kind == "most_expensive" else "cheapest"
                 what = rng.choice(
                     [
@@ -137,7 +110,7 @@ class StructuredDataReasoning(SyntheticEnv):
             target["items"] = lines
             reads = [call("get_order_details", order_id=target["order_id"])]
         if rng.random() < k["gift_card_fraction"]:
-            pm = gift_card(b, user)
+            pm = gift_card(b, c.user)
             where = "Refund it to my gift card."
             reads.append(call("get_user_details", user_id=uid))
             answers.append(pm)
@@ -148,7 +121,7 @@ class StructuredDataReasoning(SyntheticEnv):
         answers += [line["item_id"], price]
         oid = target["order_id"]
         reference = [
-            auth,
+            c.auth,
             *reads,
             call(
                 "return_delivered_order_items", order_id=oid, item_ids=[line["item_id"]], payment_method_id=pm
@@ -158,10 +131,8 @@ class StructuredDataReasoning(SyntheticEnv):
                 f"You will get {price} dollars back to {pm}."
             ),
         ]
-        return Scenario(
-            b.db,
-            uid,
-            ident,
+        return scenario(
+            c,
             f"{what} {where} How much will I get back?",
             reference,
             answers,

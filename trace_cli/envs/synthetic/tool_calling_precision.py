@@ -15,16 +15,19 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from trace_cli.envs.shop.world import money
-from trace_cli.envs.synthetic.base import Knob, Scenario, SyntheticEnv, call, say
-from trace_cli.envs.synthetic.common import (
-    address_text,
+from trace_cli.envs.shop.tasks.common import (
+    AUTH_TOOLS,
+    Customer,
+    address_change,
+    call,
+    customer,
     describe,
-    identify,
     lines_of_other_products,
     new_address,
-    world,
+    say,
 )
+from trace_cli.envs.shop.world import money
+from trace_cli.envs.synthetic.base import Knob, Scenario, SyntheticEnv, scenario
 
 KINDS = ("address", "exchange")
 ADDRESS_FIELDS = ("address1", "address2", "city", "state", "country", "zip")
@@ -35,8 +38,7 @@ class ToolCallingPrecision(SyntheticEnv):
     capability = "tool_calling_precision"
     description = "A single write call (address change or item exchange) whose arguments must be exact."
     TOOLS = (
-        "find_user_id_by_email",
-        "find_user_id_by_name_zip",
+        *AUTH_TOOLS,
         "get_order_details",
         "get_product_details",
         "modify_user_address",
@@ -65,35 +67,22 @@ class ToolCallingPrecision(SyntheticEnv):
 
     def build(self, rng: random.Random) -> Scenario:
         k = self.knobs
-        b, user, orders = world(rng, k["n_orders"])
-        ident, auth = identify(rng, user)
-        uid = user["user_id"]
+        c = customer(rng, k["n_orders"])
+        b, uid = c.b, c.user["user_id"]
         kind = rng.choice(k["kinds"])
         trap = rng.random() < k["trap_fraction"]
         if kind == "address":
-            a = new_address(b, user, leading_zero=trap, address2=trap)
-            request = rng.choice(
-                [
-                    "Please update my default address to {t}.",
-                    "I moved. My new address is {t}.",
-                    "Can you change my address to {t}?",
-                ]
-            ).format(t=address_text(a))
-            reference = [
-                auth,
-                call("modify_user_address", user_id=uid, **a),
-                say(f"Your default address is now {address_text(a)}."),
-            ]
-            return Scenario(
-                b.db,
-                uid,
-                ident,
-                request,
-                reference,
-                [uid],
-                variant="address_trap" if trap else "address",
-                data={"kind": "address", "key": uid},
+            a = new_address(b, c.user, leading_zero=trap, address2=trap)
+            request, reference = address_change(rng, c.auth, uid, a)
+            variant = "address_trap" if trap else "address"
+            return scenario(
+                c, request, reference, [uid], variant=variant, data={"kind": "address", "key": uid}
             )
+        return self._exchange(rng, c, trap)
+
+    def _exchange(self, rng: random.Random, c: Customer, trap: bool) -> Scenario:
+        """Exchange 1 item (2 to max_items when trapped) of a delivered order for other variants."""
+        k, b, uid, orders = self.knobs, c.b, c.user["user_id"], c.orders
         order = rng.choice(orders)
         order["status"] = "delivered"
         n = rng.randint(2, k["max_items"]) if trap and k["max_items"] > 1 else 1
@@ -131,7 +120,7 @@ class ToolCallingPrecision(SyntheticEnv):
             payment_method_id=order["payment_method_id"],
         )
         reference = [
-            auth,
+            c.auth,
             *reads,
             write,
             say(
@@ -139,15 +128,8 @@ class ToolCallingPrecision(SyntheticEnv):
             ),
         ]
         answers = [uid] + [x["item_id"] for x in lines] + [v["item_id"] for v in news]
-        return Scenario(
-            b.db,
-            uid,
-            ident,
-            request,
-            reference,
-            answers,
-            variant=f"exchange_{n}",
-            data={"kind": "exchange", "key": oid},
+        return scenario(
+            c, request, reference, answers, variant=f"exchange_{n}", data={"kind": "exchange", "key": oid}
         )
 
     def grade(self) -> tuple[dict[str, float], dict[str, Any]]:
