@@ -124,36 +124,42 @@ def parse_override(text: str) -> tuple[list[str | int], Any]:
     return _split_path(key.strip()), value
 
 
+def set_path(doc: Any, parts: list[str | int], value: Any, *, label: str) -> Any:
+    """Set `doc[parts[0]][parts[1]]...` to `value` in place, creating missing mappings (or lists before an
+    index); return the value it replaces (None if none). `label` names the setting in errors."""
+    node = doc
+    for i, part in enumerate(parts[:-1]):
+        nxt = parts[i + 1]
+        if isinstance(part, int):
+            if not isinstance(node, list) or part >= len(node):
+                raise UsageError(f"{label}: index [{part}] does not exist")
+            node = node[part]
+            continue
+        if not isinstance(node, dict):
+            raise UsageError(f"{label}: {part!r} is not inside a mapping")
+        if part not in node or node[part] is None:
+            node[part] = [] if isinstance(nxt, int) else {}
+        node = node[part]
+    last = parts[-1]
+    if isinstance(last, int):
+        if not isinstance(node, list) or last >= len(node):
+            raise UsageError(f"{label}: index [{last}] does not exist")
+        old = node[last]
+    else:
+        if not isinstance(node, dict):
+            raise UsageError(f"{label}: {last!r} is not inside a mapping")
+        old = node.get(last)
+    node[last] = value
+    return old
+
+
 def apply_overrides(doc: Any, overrides: list[str]) -> tuple[Any, list[dict[str, Any]]]:
     """Return a copy of `doc` with every override applied, plus a record of what changed."""
     out = copy.deepcopy(doc) if doc is not None else {}
     applied: list[dict[str, Any]] = []
     for text in overrides:
         parts, value = parse_override(text)
-        node = out
-        for i, part in enumerate(parts[:-1]):
-            nxt = parts[i + 1]
-            if isinstance(part, int):
-                if not isinstance(node, list) or part >= len(node):
-                    raise UsageError(f"--set {text!r}: index [{part}] does not exist")
-                node = node[part]
-                continue
-            if not isinstance(node, dict):
-                raise UsageError(f"--set {text!r}: {part!r} is not inside a mapping")
-            if part not in node or node[part] is None:
-                node[part] = [] if isinstance(nxt, int) else {}
-            node = node[part]
-        last = parts[-1]
-        if isinstance(last, int):
-            if not isinstance(node, list) or last >= len(node):
-                raise UsageError(f"--set {text!r}: index [{last}] does not exist")
-            old = node[last]
-            node[last] = value
-        else:
-            if not isinstance(node, dict):
-                raise UsageError(f"--set {text!r}: {last!r} is not inside a mapping")
-            old = node.get(last)
-            node[last] = value
+        old = set_path(out, parts, value, label=f"--set {text!r}")
         applied.append({"key": text.split("=", 1)[0].strip(), "old": old, "new": value})
     return out, applied
 

@@ -1,16 +1,24 @@
-"""What every stage shares: config defaults + validation, content-derived ids, skip-if-up-to-date."""
+"""What every stage shares: config defaults + validation, content-derived ids, skip-if-up-to-date.
+
+A stage sees its config read-only: `execute` hands `prepare` a frozen copy of what it was given, and
+`Prepared.finalize` freezes the resolved config (a `StageConfig`) that `run` works from and the manifest
+records, so no step between the id and the artifact can change what the id stands for.
+"""
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from trace_cli.config.frozen import freeze, freeze_stage_config, thaw
+from trace_cli.config.layers import present
 from trace_cli.config.schemas import validate
 from trace_cli.store import Artifact, Store
 
 
-def apply_defaults(config: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+def apply_defaults(config: Mapping[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
     """Fill `default`s from the schema (recursively into nested objects), so an omitted default and an
     explicit one give the same config digest and the same artifact id."""
     out = copy.deepcopy(config)
@@ -23,13 +31,16 @@ def apply_defaults(config: dict[str, Any], schema: dict[str, Any]) -> dict[str, 
     return out
 
 
-def checked_config(stage: str, config: dict[str, Any], *, source: str | None = None) -> dict[str, Any]:
+def checked_config(
+    stage: str, config: Mapping[str, Any] | None, *, source: str | None = None
+) -> dict[str, Any]:
     """Validate a stage config against `config/<stage>.v1.json` (or the stage's CONFIG_SCHEMA), reporting
-    all errors at once, and fill defaults."""
+    all errors at once, and fill defaults. Returns a mutable copy for `prepare` to finish resolving (paths,
+    digests, method defaults); `Prepared.finalize` freezes the result."""
     from trace_cli.stages import config_schema
 
     schema = config_schema(stage)
-    cfg = {k: v for k, v in (config or {}).items() if v is not None or k == "seed"}
+    cfg = present(config)
     validate(cfg, schema, source=source)
     cfg = apply_defaults(cfg, schema)
     cfg.pop("kind", None)
@@ -41,7 +52,9 @@ class Prepared:
     """A stage invocation resolved before any compute: config, inputs with digests, and the output id."""
 
     stage: str
-    config: dict[str, Any]  # the full config (with defaults), recorded in the manifest
+    config: Mapping[
+        str, Any
+    ]  # the full config (with defaults), recorded in the manifest; read-only once final
     id_config: dict[str, Any]  # what enters the id (e.g. file paths replaced by their content digests)
     inputs: list[dict[str, Any]]
     outputs: dict[str, str]  # output name -> artifact kind
@@ -50,6 +63,7 @@ class Prepared:
 
     def finalize(self) -> Prepared:
         self.id = Store.compute_id(self.stage, self.id_config, self.inputs)
+        self.config = freeze_stage_config(self.stage, self.config)
         return self
 
     def writer(self, store: Store, kind: str, *, name=None, overrides=None, replace: bool = False):
@@ -58,7 +72,7 @@ class Prepared:
         return store.writer(
             kind,
             self.stage,
-            self.config,
+            thaw(self.config),
             self.inputs,
             name=name,
             overrides=overrides,
@@ -98,7 +112,7 @@ def execute(
     from trace_cli.stages import get_stage
 
     mod = get_stage(stage_name)
-    prepared: Prepared = mod.prepare(config, store)
+    prepared: Prepared = mod.prepare(freeze(dict(config or {})), store)
     if name is not None:
         store.check_name(name)
     if not force:
