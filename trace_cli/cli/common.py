@@ -75,6 +75,21 @@ def echo_json(obj: Any) -> None:
     click.echo(json.dumps(obj, indent=2, default=str, ensure_ascii=False))
 
 
+def echo_outcome(out, as_json: bool, hint: str = "", **extra: Any) -> bool:
+    """How a stage command reports its main artifact. With --json: id, uri, kind, whether it was up to date,
+    its summary (and `extra`) on stdout, and True (nothing more to print). Else False, after a note on stderr
+    if the stage found the artifact up to date (`hint`: how to redo it)."""
+    a = out.main
+    if as_json:
+        echo_json(
+            {"id": a.id, "uri": a.uri, "kind": a.kind, "skipped": out.skipped, "summary": a.summary, **extra}
+        )
+        return True
+    if out.skipped:
+        info(f"up to date: {a.uri}" + (f" ({hint})" if hint else ""))
+    return False
+
+
 def print_table(columns: list[str], rows: list[Any], *, title: str | None = None) -> None:
     """A rich table on stdout (plain text when stdout is not a terminal)."""
     from rich.console import Console

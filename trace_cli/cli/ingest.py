@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from trace_cli.cli.common import echo_json, info, json_option, open_store, print_table, store_option
+from trace_cli.cli.common import echo_outcome, info, print_table
+from trace_cli.cli.options import Arg, StageOptions
 
 
 @click.group(
@@ -18,44 +19,23 @@ def ingest():
     """Import rollouts into the store as a `rollouts` artifact (tables episodes and tool_calls)."""
 
 
-def _options(f):
-    f = click.option("--name", help="Human alias for the artifact (usable as store://rollouts/NAME).")(f)
-    f = click.option(
-        "--on-error",
-        type=click.Choice(["fail", "skip"]),
-        default="fail",
-        show_default=True,
-        help="fail: any bad record aborts and nothing is written; skip: write good records + rejects.jsonl.",
-    )(f)
-    f = click.option("--source", help="Label stored in episodes.source (default: the file name).")(f)
-    f = click.option("--force", is_flag=True, help="Re-ingest even if an identical artifact exists.")(f)
-    f = json_option(f)
-    return store_option(f)
+def _stage_options(file_type) -> StageOptions:
+    return StageOptions("ingest", Arg("file", "path", file_type), "--on-error", "--source")
 
 
-def _run(fmt, file, name, on_error, source, force, as_json, store_dir):
-    from trace_cli.stages.base import execute
+TAU2 = _stage_options(click.Path())
+JSONL = _stage_options(click.Path(dir_okay=False))
+_OUTPUTS = (
+    "Human alias for the artifact (usable as store://rollouts/NAME).",
+    "Re-ingest even if an identical artifact exists.",
+)
 
-    st = open_store(store_dir)
-    cfg = {"format": fmt, "path": file, "on_error": on_error}
-    if source:
-        cfg["source"] = source
-    out = execute("ingest", cfg, st, name=name, force=force)
+
+def _report(out, as_json):
     art = out.main
-    if as_json:
-        echo_json(
-            {
-                "id": art.id,
-                "kind": art.kind,
-                "uri": art.uri,
-                "path": str(art.path),
-                "skipped": out.skipped,
-                "summary": art.summary,
-            }
-        )
+    again = f"{out.prepared.config['path']} was already ingested; use --force to redo"
+    if echo_outcome(out, as_json, again, path=str(art.path)):
         return
-    if out.skipped:
-        info(f"up to date: {file} was already ingested as {art.uri} (use --force to redo)")
     s = art.summary
     ks = sorted(s.get("pass^k") or {}, key=int)
     print_table(
@@ -77,29 +57,31 @@ def _run(fmt, file, name, on_error, source, force, as_json, store_dir):
         )
 
 
-@ingest.command(
+@TAU2.command(
     "tau2",
     epilog="Example:\n\n  trace ingest tau2 examples/tau2/results_gpt-4.1_retail_test.json --name retail",
+    outputs=_OUTPUTS,
+    group=ingest,
+    fixed={"format": "tau2"},
 )
-@click.argument("file", type=click.Path())
-@_options
-def tau2(file, name, on_error, source, force, as_json, store_dir):
+def tau2(out, as_json):
     """Read τ²-bench results into a rollouts artifact: a results JSON (info, tasks, simulations) or a per-run
     directory (results.json + simulations/<id>.json). Runs τ²-bench excludes from its metrics
     (infrastructure_error, no reward_info) are excluded, counted and listed in rejects.jsonl."""
-    _run("tau2", file, name, on_error, source, force, as_json, store_dir)
+    _report(out, as_json)
 
 
-@ingest.command(
+@JSONL.command(
     "jsonl",
     epilog=(
         "Example:\n\n  trace ingest jsonl my_agent.jsonl --name mine\n\n"
         'Each line: {"task_id": ..., "messages": [OpenAI chat messages with tool_calls], "reward": 1.0, '
         '"success": true, "tools": [...]} (schema: schemas/episode.v1.json).'
     ),
+    outputs=_OUTPUTS,
+    group=ingest,
+    fixed={"format": "jsonl"},
 )
-@click.argument("file", type=click.Path(dir_okay=False))
-@_options
-def jsonl(file, name, on_error, source, force, as_json, store_dir):
+def jsonl(out, as_json):
     """Read one episode per line (OpenAI chat messages + reward) into a rollouts artifact."""
-    _run("jsonl", file, name, on_error, source, force, as_json, store_dir)
+    _report(out, as_json)

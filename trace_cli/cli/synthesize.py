@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import click
-
-from trace_cli.cli.common import echo_json, info, json_option, open_store, print_table, store_option
+from trace_cli.cli.common import echo_json, info, open_store, print_table
+from trace_cli.cli.options import Flag, StageOptions
 
 
 def _check_rows(checks: list[dict] | dict) -> list[list]:
@@ -50,144 +49,77 @@ def _print(cap: str, checks, attempts: list[dict]) -> None:
         )
 
 
-@click.command(
+SYNTHESIZE = StageOptions(
+    "synthesize",
+    "--diagnosis",
+    Flag("--capability", multiple=True, note="Default: every capability the diagnosis selected."),
+    "--target",
+    "--model",
+    "--author",
+    Flag("--level", "params.level"),
+    Flag("--calibration-seeds", "calibration.seeds"),
+    Flag("--calibration-rollouts", "calibration.rollouts"),
+    Flag("--max-attempts", "calibration.max_attempts"),
+    Flag("--temperature", "calibration.temperature"),
+    Flag("--max-new-tokens", "calibration.max_new_tokens"),
+    Flag("--batch-size", "calibration.batch_size"),
+    "--max-turns",
+    Flag("--base-url", "llm.base_url"),
+    Flag("--llm-model", "llm.model"),
+    Flag("--api-key-env", "llm.api_key_env"),
+    "--unsafe-local-exec",
+    "--seed",
+)
+
+
+@SYNTHESIZE.command(
     epilog=(
         "Examples:\n\n  trace synthesize --diagnosis store://diagnosis/base --target shop --model store://model/base\n\n"
         "  trace synthesize --diagnosis d --capability precondition_verification --target store://rollouts/tau2-retail "
         "--model policy:random --calibration-seeds 20 --calibration-rollouts 4 --name demo\n\n"
         "One environment artifact per capability, named PREFIX-CAPABILITY (or CAPABILITY); use it with "
-        "`trace eval --env store://environment/NAME`. Calibration needs the policy's success in [0.2, 0.6] with "
-        "<= 20% all-0 and <= 20% all-1 seed groups; otherwise difficulty is adjusted (up to --max-attempts) and "
-        "the command exits 1 with the numbers."
-    )
+        "`trace eval --env store://environment/NAME`. Calibration needs the policy's success in "
+        f"{SYNTHESIZE.default('calibration.band')} with <= {SYNTHESIZE.default('calibration.max_group_all0'):.0%} "
+        f"all-0 and <= {SYNTHESIZE.default('calibration.max_group_all1'):.0%} all-1 seed groups; otherwise "
+        "difficulty is adjusted (up to --max-attempts) and the command exits 1 with the numbers."
+    ),
+    outputs=(
+        "Name prefix: artifacts are named PREFIX-CAPABILITY (default: CAPABILITY).",
+        "Re-run even if an identical environment exists.",
+    ),
+    run=False,
 )
-@click.option("--diagnosis", required=True, help="Diagnosis artifact (from trace diagnose).")
-@click.option(
-    "--capability",
-    "capabilities",
-    multiple=True,
-    help="Capability to synthesize (repeatable; default: every one the diagnosis selected).",
-)
-@click.option(
-    "--target",
-    default="shop",
-    show_default=True,
-    help="Registered env (shop) or a rollouts artifact whose tools are recovered (store://rollouts/NAME).",
-)
-@click.option(
-    "--model",
-    required=True,
-    help="Policy that calibrates difficulty (store://model/NAME, HF dir, policy:random).",
-)
-@click.option(
-    "--author",
-    type=click.Choice(["template", "openai", "hf"]),
-    default="template",
-    show_default=True,
-    help="Built-in template, or an LLM-written module checked in a sandbox.",
-)
-@click.option("--level", type=int, help="Initial difficulty level of the template (0 = easiest).")
-@click.option("--calibration-seeds", type=int, help="N seeds (groups) per calibration attempt (default 100).")
-@click.option("--calibration-rollouts", type=int, help="K rollouts per seed (default 16).")
-@click.option("--max-attempts", type=int, help="Difficulty adjustments before giving up (default 5).")
-@click.option("--temperature", type=float, help="Calibration sampling temperature (default 1.0).")
-@click.option(
-    "--max-new-tokens", type=int, help="Tokens per assistant turn during calibration (default 160)."
-)
-@click.option("--batch-size", type=int, help="Episodes generated together during calibration (default 64).")
-@click.option("--max-turns", type=int, help="Agent actions per episode (default 12).")
-@click.option("--base-url", help="openai author: the server's base URL (…/v1).")
-@click.option("--llm-model", help="openai author: model name on the server; hf: a local model reference.")
-@click.option("--api-key-env", help="openai author: env var holding the API key (never stored).")
-@click.option(
-    "--unsafe-local-exec",
-    is_flag=True,
-    help="Run LLM-written modules even where no OS sandbox (bubblewrap) works: in-process guards only.",
-)
-@click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
-@click.option(
-    "--name", "prefix", help="Name prefix: artifacts are named PREFIX-CAPABILITY (default: CAPABILITY)."
-)
-@click.option("--force", is_flag=True, help="Re-run even if an identical environment exists.")
-@json_option
-@store_option
-def synthesize(
-    diagnosis,
-    capabilities,
-    target,
-    model,
-    author,
-    level,
-    calibration_seeds,
-    calibration_rollouts,
-    max_attempts,
-    temperature,
-    max_new_tokens,
-    batch_size,
-    max_turns,
-    base_url,
-    llm_model,
-    api_key_env,
-    unsafe_local_exec,
-    seed,
-    prefix,
-    force,
-    as_json,
-    store_dir,
-):
+def synthesize(name, force, as_json, store_dir, **flags):
     """Synthesize, check and calibrate one training environment per diagnosed capability."""
     from trace_cli.config.loading import load_artifact_yaml
     from trace_cli.errors import CheckFailed, UsageError
     from trace_cli.stages.base import execute
     from trace_cli.stages.synthesize import read_environment
 
+    layers = SYNTHESIZE.merge(flags)
+    SYNTHESIZE.check(layers, later=("capability",))  # a capability each run, below
+    cfg = layers.config
+    capabilities = cfg.pop("capability", None)
+    capabilities = [capabilities] if isinstance(capabilities, str) else list(capabilities or [])
     st = open_store(store_dir)
     if not capabilities:
-        diag = st.resolve(diagnosis, kind="diagnosis")
+        diag = st.resolve(cfg["diagnosis"], kind="diagnosis")
         doc = load_artifact_yaml(diag.path / "capabilities.yaml")
         capabilities = [c["name"] for c in doc.get("selected") or []]
         if not capabilities:
             raise UsageError(f"diagnosis {diag.uri} selects no capability; nothing to synthesize")
-    cal = {
-        k: v
-        for k, v in (
-            ("seeds", calibration_seeds),
-            ("rollouts", calibration_rollouts),
-            ("max_attempts", max_attempts),
-            ("temperature", temperature),
-            ("max_new_tokens", max_new_tokens),
-            ("batch_size", batch_size),
-        )
-        if v is not None
-    }
-    llm = {
-        k: v
-        for k, v in (("base_url", base_url), ("model", llm_model), ("api_key_env", api_key_env))
-        if v is not None
-    }
     out, failures = [], []
     for cap in capabilities:
-        cfg = {
-            "diagnosis": diagnosis,
-            "capability": cap,
-            "target": target,
-            "model": model,
-            "author": author,
-            "seed": seed,
-        }
-        if unsafe_local_exec:
-            cfg["unsafe_local_exec"] = True
-        if level is not None:
-            cfg["params"] = {"level": level}
-        if cal:
-            cfg["calibration"] = cal
-        if llm:
-            cfg["llm"] = llm
-        if max_turns is not None:
-            cfg["max_turns"] = max_turns
-        name = f"{prefix}-{cap}" if prefix else cap
+        name_ = f"{name}-{cap}" if name else cap
         try:
-            res = execute("synthesize", cfg, st, name=name, force=force)
+            res = execute(
+                "synthesize",
+                {**cfg, "capability": cap},
+                st,
+                name=name_,
+                overrides=layers.applied,
+                force=force,
+            )
         except CheckFailed as e:
             d = getattr(e, "details", {}) or {}
             failures.append({"capability": cap, "error": e.message, **d})
@@ -201,7 +133,7 @@ def synthesize(
             "capability": cap,
             "uri": art.uri,
             "id": art.id,
-            "name": name,
+            "name": name_,
             "skipped": res.skipped,
             "params": doc["params"],
             "checks": doc["checks"],
@@ -212,7 +144,7 @@ def synthesize(
             if res.skipped:
                 info(f"up to date: {art.uri} (use --force to re-run)")
             _print(cap, doc["checks"], doc["calibration"]["attempts"])
-            info(f"{cap}: store://environment/{name} ({art.uri})")
+            info(f"{cap}: store://environment/{name_} ({art.uri})")
     if as_json:
         echo_json({"environments": out, "failures": failures})
     if failures:
