@@ -56,11 +56,11 @@ class TokenPolicy:
 
     model: Any
     tok: Any
+    max_new_tokens: int  # one turn (GRPO: the config's max_new_tokens)
+    budget: int  # the episode's tokens after its first prompt (GRPO: max_completion_length)
     temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 160
-    budget: int = 1024
+    top_p: float = 1.0  # 1 = off
+    top_k: int = 0  # 0 = off
     max_context: int | None = None
     seed: int = 0
     generate_fn: Callable[[list[list[int]], int], tuple[list[list[int]], list | None]] | None = None
