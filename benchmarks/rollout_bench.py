@@ -2,7 +2,7 @@
 """Rollout benchmark: episodes/s and generated tokens/s of `trace eval`'s rollout loop vs a naive loop.
 
 What is measured (issue 3):
-  * batched: `trace_cli.envs.rollout.rollout` driving `trace_cli.models.policies.HFPolicy` — the code
+  * batched: `trace_cli.envs.rollout.rollout` driving `trace_cli.agents.hf.HFPolicy` — the code
     `trace eval` runs: every active episode's next turn is generated in one left-padded, KV-cached
     `model.generate` call, finished episodes are replaced from the queue — at batch sizes 1, 8 and 32;
   * naive: one episode at a time, one `model.generate` call per turn, on the same model and tokenizer,
@@ -101,6 +101,7 @@ def naive_rollout(model, tok, make_env, seeds: list[int], *, max_new_tokens: int
     """One episode at a time, one `generate` per turn: the baseline the rollout loop is measured against."""
     import torch
 
+    from trace_cli.agents.base import text_turn
     from trace_cli.envs.rollout import apply_actions, finish, start
     from trace_cli.models.chat import eos_ids, render
     from trace_cli.models.importer import read_meta
@@ -127,7 +128,7 @@ def naive_rollout(model, tok, make_env, seeds: list[int], *, max_new_tokens: int
             ids = ids[: next((k + 1 for k, t in enumerate(ids) if t in eos), len(ids))]
             st.gen_tokens += len(ids)
             text = tok.decode(ids, skip_special_tokens=False)
-            apply_actions(st, parse(text, fmt, tok), text, max_turns=max_turns)
+            apply_actions(st, text_turn(text, lambda t: parse(t, fmt, tok)), max_turns=max_turns)
         results.append(finish(st))
     return results, calls
 
@@ -172,9 +173,9 @@ class CountingPolicy:
 
 
 def measure(name: str, preset: str | None, ref, args) -> list[dict[str, Any]]:
+    from trace_cli.agents.hf import HFPolicy
     from trace_cli.envs.registry import make_env
     from trace_cli.envs.rollout import rollout
-    from trace_cli.models.policies import HFPolicy
     from trace_cli.models.refs import load_hf
 
     model, tok = load_hf(ref)

@@ -10,11 +10,12 @@ import pytest
 from trace_testing import run_cli
 
 from trace_cli.agents.openai_policy import OpenAIPolicy, to_actions, to_openai
+from trace_cli.compose.policy import load_policy
 from trace_cli.envs.registry import make_env
 from trace_cli.envs.rollout import rollout
 from trace_cli.errors import UsageError
 from trace_cli.llm.openai_client import parse_ref
-from trace_cli.models.refs import load_policy, resolve_model
+from trace_cli.models.refs import resolve_model
 
 
 def test_ref_parsing():

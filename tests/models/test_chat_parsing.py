@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from trace_cli.agents.base import text_turn
 from trace_cli.envs.registry import make_env
 from trace_cli.envs.rollout import rollout
 from trace_cli.models.chat import parse_assistant, strip_text
@@ -102,14 +103,17 @@ def test_mixed_turn_keeps_order_and_marks_only_the_bad_call():
 
 # --------------------------------------------------------------------------------------------- rollout loop
 class ScriptedText:
-    """A policy that returns raw assistant text (as an HF model does), from a per-seed script."""
+    """A policy whose turns are raw assistant text (as an HF model generates), from a per-seed script, parsed
+    as every text policy parses its output (agents.base.text_turn)."""
 
     def __init__(self, scripts: dict[int, list[str]], default: str = "Goodbye."):
         self.scripts = {k: list(v) for k, v in scripts.items()}
         self.default = default
 
     def act(self, states):
-        return [self.scripts[s.seed].pop(0) if self.scripts[s.seed] else self.default for s in states]
+        return [
+            text_turn(self.scripts[s.seed].pop(0) if self.scripts[s.seed] else self.default) for s in states
+        ]
 
 
 def _reference(seed: int) -> list[dict]:

@@ -6,10 +6,11 @@ import pytest
 import tinymodel
 from tinymodel import noisy_copy
 
+from trace_cli.compose.policy import load_policy
 from trace_cli.envs.registry import make_env
 from trace_cli.envs.rollout import rollout, start
 from trace_cli.models.chat import render
-from trace_cli.models.refs import load_policy, resolve_model
+from trace_cli.models.refs import resolve_model
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +54,9 @@ def test_a_turn_without_eos_keeps_every_generated_token(tiny_model, tmp_path):
     policy = load_policy(ref, max_new_tokens=5)
     policy.record_tokens = True
     states = [start(make_env("shop"), s) for s in range(2)]
-    texts = policy.act(states)
+    turns = policy.act(states)
     pad = policy.tok.pad_token_id
-    for s, text in zip(states, texts, strict=True):
+    for s, turn in zip(states, turns, strict=True):
         assert s.gen_tokens == 5
         assert s.turns[-1]["completion_ids"] == [pad] * 5
-        assert text == "<|endoftext|>" * 5
+        assert turn.raw == "<|endoftext|>" * 5

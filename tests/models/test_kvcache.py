@@ -41,7 +41,7 @@ def _episodes(policy, batch_size=3):
 
 
 def test_hf_policy_reuse_gives_the_same_episodes_and_feeds_less(noisy):
-    from trace_cli.models.policies import HFPolicy
+    from trace_cli.agents.hf import HFPolicy
 
     model, tok = noisy
     widths, restore = _fed_widths(model)
@@ -76,7 +76,7 @@ def test_token_policy_reuse_gives_the_same_turns(noisy):
 
 def test_cache_is_dropped_with_the_episode(noisy):
     """The cache lives on the episode state, so finished episodes free theirs (results keep none)."""
-    from trace_cli.models.policies import HFPolicy
+    from trace_cli.agents.hf import HFPolicy
 
     model, tok = noisy
     eps = _episodes(HFPolicy(model, tok, max_new_tokens=8))

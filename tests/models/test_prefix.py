@@ -14,10 +14,11 @@ import json
 import pytest
 import tinymodel
 
+from trace_cli.agents.base import text_turn
+from trace_cli.agents.scripted import RandomPolicy
 from trace_cli.envs.registry import make_env
 from trace_cli.envs.rollout import replay, rollout
 from trace_cli.models.chat import render
-from trace_cli.models.policies import RandomPolicy
 
 SEEDS = range(12)  # two tasks of each of the six families
 
@@ -58,7 +59,7 @@ class _Narrating:
                 out.append(f"I will call {a['name']} now.\n<tool_call>\n{call}\n</tool_call><|im_end|>")
             else:
                 out.append(a["content"] + "<|im_end|>")
-        return out
+        return [text_turn(t) for t in out]
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +117,7 @@ def test_tokenizer_never_merges_across_the_generation_prompt(episodes):
     """A tokenizer trained on a larger corpus learns merges like "\\nYour"; the builder must prevent them
     from crossing the newline that ends the generation prompt (it isolates newlines)."""
     from trace_cli.models.builder import build_tokenizer, corpus
+    from trace_cli.stages.model import corpus_episodes
 
-    tok = build_tokenizer(list(corpus(["shop"], 40, 0)), 1024)
+    tok = build_tokenizer(corpus(corpus_episodes(["shop"], 40, 0)), 1024)
     _assert_token_prefix(tok, episodes)

@@ -13,9 +13,10 @@ import pytest
 import tinymodel
 from tinymodel import noisy_copy
 
+from trace_cli.compose.policy import load_policy
 from trace_cli.envs.registry import make_env
 from trace_cli.envs.rollout import rollout
-from trace_cli.models.refs import load_policy, resolve_model
+from trace_cli.models.refs import resolve_model
 
 SEEDS = list(range(10))
 MAX_TURNS = 5

@@ -95,7 +95,8 @@ def test_llama3_json(llama_tok):
 
 
 def test_llama3_json_template_renders_tools_preserves_prefixes_and_stops(llama_tok):
-    from trace_cli.models.importer import renders_tools, sample_episodes
+    from trace_cli.models.importer import renders_tools
+    from trace_cli.stages.model import sample_episodes
 
     assert renders_tools(llama_tok, llama_tok.chat_template)
     assert detect_tool_format(LLAMA3_JSON) == "llama3-json"
@@ -137,12 +138,13 @@ def test_pythonic():
 
 def test_non_hermes_turn_is_recorded_without_markup():
     """The rollout keeps what the agent said outside its calls, never the call markup, as the message text."""
+    from trace_cli.agents.base import text_turn
     from trace_cli.envs.registry import make_env
     from trace_cli.envs.rollout import apply_actions, start
 
     st = start(make_env("shop"), 0)
     raw = '{"name": "find_user_id_by_email", "parameters": {"email": "a@b.c"}}'
-    apply_actions(st, parse(raw, "llama3-json"), raw, max_turns=5)
+    apply_actions(st, text_turn(raw, lambda t: parse(t, "llama3-json")), max_turns=5)
     msg = st.messages[-2]
     assert msg["role"] == "assistant" and msg["content"] == ""
     assert msg["tool_calls"][0]["function"]["name"] == "find_user_id_by_email"
@@ -173,7 +175,7 @@ def test_sft_mask_without_generation_marks(llama_tok):
     exactly the assistant's tokens through its stop token."""
     import re
 
-    from trace_cli.models.importer import sample_episodes
+    from trace_cli.stages.model import sample_episodes
     from trace_cli.training.sft import tokenize
 
     plain = re.sub(r"\{%-?\s*(end)?generation\s*-?%\}", "", LLAMA3_JSON)

@@ -149,7 +149,7 @@ def test_served_router_completion_and_route_equal_the_policy(served_router, tiny
         decision = st.compose_route["decisions"][-1]
         msg, route = _served(base, st)
         assert _close(route, decision), (step, route, decision)
-        _same(msg, direct, pol)
+        _same(msg, direct.raw, pol)
         routes.append(route)
     assert len(pol.decisions) == 2  # routed at the two user turns only, as in eval
     assert routes[2] == routes[1]
@@ -175,8 +175,8 @@ def test_served_eval_of_a_router_equals_direct_eval(served_router):
 
 def test_composition_refs_load_the_composition_policy(served_router, tiny):
     """`store://composition/NAME` in eval and serve is the composition, not its base model."""
-    from trace_cli.compose.policy import RouterPolicy
-    from trace_cli.models.refs import load_policy, resolve_model
+    from trace_cli.compose.policy import RouterPolicy, load_policy
+    from trace_cli.models.refs import resolve_model
 
     _, st, _ = served_router
     ref = resolve_model(f"store://composition/{NAME}", st)

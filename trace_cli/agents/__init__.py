@@ -1,1 +1,3 @@
-"""Agents: policies the rollout loop drives. `openai_policy` is any OpenAI-compatible endpoint."""
+"""Agents: every policy the rollout loop drives, behind one protocol (agents.base.Policy): the scripted
+built-ins (agents.scripted), a transformers model (agents.hf), an OpenAI-compatible endpoint
+(agents.openai_policy) and GRPO's token-history policy (agents.token_history)."""

@@ -4,9 +4,9 @@ Each round sends one chat-completions request per active episode, concurrently (
 vLLM, or `trace serve`), through the official SDK with its retries and timeouts. Tool calls come from the
 response's `tool_calls` as structured actions; a call whose `arguments` is not a JSON object is a malformed
 action (answered with a tool error, as any other). A turn without tool calls is returned as text to the
-rollout loop's parser, which strips end-of-turn markers and `<think>` blocks and treats an unparsed
-`<tool_call>` block as a malformed call, exactly as for a local model — so a model served by `trace serve`
-gives the same episodes as when it is evaluated directly.
+Hermes parser (agents.base.text_turn), which strips end-of-turn markers and `<think>` blocks and treats an
+unparsed `<tool_call>` block as a malformed call, exactly as for a local model — so a model served by
+`trace serve` gives the same episodes as when it is evaluated directly.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from trace_cli.agents.base import as_turn
+from trace_cli.envs.rollout import EpisodeState, Turn
 from trace_cli.llm.openai_client import Endpoint, api_error, make_client
 
 
@@ -48,7 +50,7 @@ def to_openai(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def to_actions(message: Any) -> str | list[dict[str, Any]]:
-    """A response message -> the rollout loop's input: text (no tool calls) or structured actions."""
+    """A response message -> text (no tool calls: parsed as a local model's turn) or structured actions."""
     calls = getattr(message, "tool_calls", None) or []
     if not calls:
         return message.content or ""
@@ -96,7 +98,7 @@ class OpenAIPolicy:
         self.client = client or make_client(endpoint)
         self._pool: ThreadPoolExecutor | None = None
 
-    def _request(self, state) -> tuple[str | list[dict[str, Any]], int]:
+    def _request(self, state: EpisodeState) -> tuple[str | list[dict[str, Any]], int]:
         kwargs: dict[str, Any] = {
             "model": self.endpoint.model,
             "messages": to_openai(state.messages),
@@ -115,7 +117,7 @@ class OpenAIPolicy:
         used = getattr(resp.usage, "completion_tokens", 0) or 0
         return to_actions(resp.choices[0].message), used
 
-    def act(self, states: list) -> list[str | list[dict[str, Any]]]:
+    def act(self, states: list[EpisodeState]) -> list[Turn]:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(
                 max_workers=self.endpoint.concurrency, thread_name_prefix="openai"
@@ -123,7 +125,7 @@ class OpenAIPolicy:
         out = []
         for s, (actions, used) in zip(states, self._pool.map(self._request, states), strict=True):
             s.gen_tokens += used
-            out.append(actions)
+            out.append(as_turn(actions))
         return out
 
     def close(self) -> None:

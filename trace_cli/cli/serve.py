@@ -70,8 +70,9 @@ def serve(model_ref, host, port, api_key, model_name, max_tokens, batch_window_m
     """
     import socket
 
+    from trace_cli.compose.policy import load_policy
     from trace_cli.errors import UsageError
-    from trace_cli.models.refs import load_policy, resolve_model
+    from trace_cli.models.refs import resolve_model
 
     ref = resolve_model(model_ref, open_store(store_dir))
     if ref.kind not in ("hf", "adapter", "composition"):

@@ -1,4 +1,8 @@
-"""Load a composition artifact as a policy with the HF policy's interface (`act`, `generate`).
+"""Model references as policies: `load_policy` turns any reference (models.refs.resolve_model) into the agent
+that drives it, and a composition artifact into its policy with the HF policy's interface (`act`, `generate`).
+
+`load_policy` lives here, the lowest layer that may import every kind of policy: the agents (agents.*) and the
+compositions, which need the compose package. Layers below receive a policy object, never a reference.
 
 moe and merge are ordinary models after loading (gated layers / merged weights), so they run in `HFPolicy`;
 the router needs to see conversations, so `RouterPolicy` routes each episode (once, or at every new user turn),
@@ -10,10 +14,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trace_cli.agents.base import as_turn
+from trace_cli.agents.hf import HFPolicy
 from trace_cli.compose import GATES_FILE, MERGED_DIR
 from trace_cli.compose.adapters import check_targets, load_lora
 from trace_cli.compose.spec import read_composition
-from trace_cli.models.policies import HFPolicy
+from trace_cli.envs.rollout import Turn
+from trace_cli.models.refs import ModelRef
 
 ROUTE_ATTR = "compose_route"  # set on each EpisodeState: {"users": n, "mix": {...}, "decisions": [...]}
 
@@ -110,7 +117,7 @@ class RouterPolicy(HFPolicy):
             )
         return mixes
 
-    def act(self, states) -> list[str]:
+    def act(self, states) -> list[Turn]:
         from trace_cli.models.chat import render
 
         need = []
@@ -124,7 +131,7 @@ class RouterPolicy(HFPolicy):
             r.update(users=users, mix=mix)
             r["decisions"].append({self.skills[i].name: a for i, a in mix.items()} or {"base": 1.0})
             setattr(s, ROUTE_ATTR, r)
-        out: list[str | None] = [None] * len(states)
+        out: list[Turn | None] = [None] * len(states)
         groups: dict[tuple, list[int]] = {}
         for i, s in enumerate(states):
             key = tuple(sorted(getattr(s, ROUTE_ATTR)["mix"].items()))
@@ -136,7 +143,7 @@ class RouterPolicy(HFPolicy):
             ]
             for i, (text, ids, prompt_ids) in zip(idx, super().generate(prompts), strict=True):
                 self._account(states[i], prompt_ids, ids)
-                out[i] = text
+                out[i] = as_turn(text, self.parse)
         return out  # type: ignore[return-value]
 
     def generate(
@@ -194,4 +201,61 @@ def load_composition_policy(
     return policy
 
 
-__all__ = ["GATES_FILE", "RouterPolicy", "load_composition_policy", "load_model", "routed_part"]
+def load_policy(ref: ModelRef, *, record_tokens: bool = False, **sampling: Any):
+    """The policy that drives `ref`. `sampling`: temperature, top_p, max_new_tokens, seed (each policy's
+    defaults otherwise: greedy, 128 new tokens, seed 0); the built-ins take only the seed."""
+    from trace_cli.agents import scripted
+    from trace_cli.models.importer import context_of, read_meta
+
+    if ref.kind == "openai":
+        from trace_cli.agents.openai_policy import OpenAIPolicy
+        from trace_cli.llm.openai_client import parse_ref
+
+        return OpenAIPolicy(parse_ref(ref.extra["ref"]), **sampling)
+    if ref.kind == "builtin":
+        seed = sampling.get("seed", 0)
+        if ref.display.startswith("policy:demonstration"):
+            from trace_cli.models.refs import demonstration_params
+
+            deficits, rate = demonstration_params(ref.display)
+            return scripted.DemonstrationPolicy(deficits, rate, seed)
+        return (
+            scripted.ReferencePolicy() if ref.display == "policy:reference" else scripted.RandomPolicy(seed)
+        )
+    if ref.kind == "composition":
+        # adapters combined by `trace compose` on their base model: the router routes each conversation,
+        # moe gates each token, merge is one merged model
+        from transformers import AutoConfig
+
+        return load_composition_policy(
+            ref.adapter_path,
+            ref.path,
+            base_digest=ref.extra.get("base_digest"),
+            name=ref.display,
+            tool_format=read_meta(ref.path).get("tool_format"),
+            max_context=context_of(AutoConfig.from_pretrained(ref.path)),
+            record_tokens=record_tokens,
+            **sampling,
+        )
+    from trace_cli.models.refs import load_hf
+
+    model, tok = load_hf(ref)
+    return HFPolicy(
+        model,
+        tok,
+        tool_format=read_meta(ref.path).get("tool_format"),
+        max_context=context_of(model.config),
+        name=ref.display,
+        record_tokens=record_tokens,
+        **sampling,
+    )
+
+
+__all__ = [
+    "GATES_FILE",
+    "RouterPolicy",
+    "load_composition_policy",
+    "load_model",
+    "load_policy",
+    "routed_part",
+]

@@ -1,19 +1,36 @@
 """The agent rollout loop shared by `trace eval` and training: many episodes in flight at once.
 
 Each round, every active episode asks the policy for its next assistant turn (an HF policy generates for
-the whole batch in one `generate` call with left padding and KV cache); the turn is parsed into actions,
-which are stepped through that episode's environment. Finished episodes are replaced from the queue, so
-the batch stays full. Malformed tool calls are answered with a tool error, never dropped.
+the whole batch in one `generate` call with left padding and KV cache). A policy answers with structured
+turns (`Turn`: actions, and the text the transcript shows): parsing a model's text is the policy's business
+(trace_cli.agents), so this loop knows no model, template or tool-call format. Each turn's actions are
+stepped through that episode's environment. Finished episodes are replaced from the queue, so the batch stays
+full. Malformed tool calls are answered with a tool error, never dropped.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from trace_cli.envs.base import Environment, Observation
+
+
+@dataclass
+class Turn:
+    """One assistant turn as a policy hands it to the loop.
+
+    `actions`: tool calls `{"name", "arguments"}`, malformed calls `{"malformed", "error"}` (answered with a
+    tool error) and messages to the user `{"content"}`. `text`: what the assistant message of a turn with
+    calls shows, when the turn was parsed from generated text (the text around the calls, or the raw turn
+    when a call is malformed, so the transcript and the next prompt show what the agent wrote); None for a
+    structured turn, whose message says what its `content` action says. `raw`: the generated text, if any.
+    """
+
+    actions: list[dict[str, Any]]
+    text: str | None = None
+    raw: str | None = None
 
 
 @dataclass
@@ -67,39 +84,31 @@ def start(env: Environment, seed: int, trial: int = 0) -> EpisodeState:
 
 def apply_actions(
     state: EpisodeState,
-    actions: Sequence[dict[str, Any]],
-    raw: str | None = None,
+    turn: Turn | Sequence[dict[str, Any]],
     *,
     max_turns: int,
     max_errors: int = 10,
 ) -> None:
-    """Record one assistant turn (its actions) and step the environment for each action."""
+    """Record one assistant turn (a Turn, or its bare list of actions) and step the environment for each
+    action."""
+    if not isinstance(turn, Turn):
+        turn = Turn(list(turn))
+    actions = turn.actions
     calls = [a for a in actions if "name" in a or "malformed" in a]
     if calls:
         ids = [f"call_{state.n_actions}_{i}" for i in range(len(calls))]
-        msg: dict[str, Any] = {"role": "assistant", "content": ""}
+        msg: dict[str, Any] = {"role": "assistant", "content": turn.text}
         if any("malformed" in a for a in calls):
-            # keep the raw text: the transcript (and the next prompt) shows exactly what the agent produced
-            msg["content"] = (
-                _strip_end(raw)
-                if raw is not None
-                else "\n".join(
+            if turn.text is None:
+                msg["content"] = "\n".join(
                     f"<tool_call>\n{a['malformed']}\n</tool_call>" for a in calls if "malformed" in a
                 )
-            )
         else:
             msg["tool_calls"] = [
                 {"id": cid, "type": "function", "function": {"name": a["name"], "arguments": a["arguments"]}}
                 for cid, a in zip(ids, calls, strict=True)
             ]
-            said = next((a["content"] for a in actions if "content" in a and "name" not in a), None)
-            if raw is not None and said is None:
-                # text the agent wrote around its calls ("Let me check that order.") stays in the transcript
-                # and in the next prompt, as the chat template renders content before tool calls
-                msg["content"] = _text_outside_calls(raw)
-            elif raw is not None:  # a non-Hermes parser says what was written outside the calls
-                msg["content"] = said
-            else:  # a structured turn (an API model's tool_calls) may say something alongside its calls
+            if turn.text is None:  # a structured turn (an API model's tool_calls) may say something too
                 msg["content"] = next(
                     (a["content"] for a in actions if "content" in a and "name" not in a), ""
                 )
@@ -145,19 +154,6 @@ def apply_actions(
         state.done, state.termination = True, "too_many_errors"
 
 
-def _text_outside_calls(raw: str) -> str:
-    from trace_cli.models.chat import TOOL_CALL_RE, strip_text
-
-    return TOOL_CALL_RE.sub("", strip_text(raw)).strip()
-
-
-def _strip_end(text: str) -> str:
-    """Drop end-of-turn markers: the chat template adds its own when the history is rendered again."""
-    from trace_cli.models.chat import cut_at_end
-
-    return cut_at_end(text)
-
-
 def finish(state: EpisodeState) -> EpisodeResult:
     b = state.env.verify()
     meta = state.env.task_metadata()
@@ -190,10 +186,9 @@ def rollout(
     batch_size: int = 16,
     on_done: Callable[[EpisodeResult], None] | None = None,
 ) -> list[EpisodeResult]:
-    """Run `jobs` [(seed, trial), ...] with `policy`; results come back in job order."""
-    from trace_cli.models.chat import parse_assistant
-
-    parse = getattr(policy, "parse", None) or parse_assistant
+    """Run `jobs` [(seed, trial), ...] with `policy` (trace_cli.agents.base.Policy: `act(states)` gives one
+    structured turn per state, a Turn or a bare list of actions; an optional `begin(state)` sees each episode
+    first); results come back in job order."""
     queue = list(enumerate(jobs))
     active: list[tuple[int, EpisodeState]] = []
     results: dict[int, EpisodeResult] = {}
@@ -206,11 +201,13 @@ def rollout(
             active.append((idx, st))
         outputs = policy.act([s for _, s in active])
         still: list[tuple[int, EpisodeState]] = []
-        for (idx, st), out in zip(active, outputs, strict=True):
-            if isinstance(out, str):
-                apply_actions(st, parse(out), out, max_turns=max_turns)
-            else:
-                apply_actions(st, out, None, max_turns=max_turns)
+        for (idx, st), turn in zip(active, outputs, strict=True):
+            if isinstance(turn, str | bytes):
+                raise TypeError(
+                    f"{type(policy).__name__}.act returned text: policies return structured turns (a Turn, or "
+                    "a list of actions); trace_cli.agents.base.text_turn parses generated text into one"
+                )
+            apply_actions(st, turn, max_turns=max_turns)
             if st.done:
                 res = finish(st)
                 results[idx] = res
@@ -230,11 +227,7 @@ def replay(
     for a in actions:
         if st.done:
             break
-        apply_actions(st, [a], None, max_turns=max_turns)
+        apply_actions(st, [a], max_turns=max_turns)
     if not st.done:
         st.termination = "end_of_actions"
     return finish(st)
-
-
-def tool_text(result: dict[str, Any]) -> str:
-    return json.dumps(result, separators=(",", ":"))

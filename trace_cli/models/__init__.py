@@ -1,2 +1,3 @@
-"""Models: references (store artifacts, local dirs, hub ids), the offline tiny-model builder, chat
-templating and tool-call parsing, and policies (HF models, reference solver, random) for the rollout loop."""
+"""Models: references (store artifacts, local dirs, hub ids), import of real checkpoints, the offline tiny-model
+builder, chat templating, tool-call parsing and KV-cached generation. The policies that drive them are agents
+(trace_cli.agents)."""

@@ -1,7 +1,8 @@
 """Build a small Qwen3-architecture causal LM and a byte-level BPE tokenizer fully offline.
 
-The tokenizer is trained on text rendered from the registered environments (system prompts, tool
-schemas, reference transcripts). Digits are isolated (one token each, so ids and amounts are copied digit by
+The tokenizer is trained on text rendered from episodes of the registered environments (system prompts, tool
+schemas, reference transcripts), which the calling stage replays and hands in (this layer knows no
+environment). Digits are isolated (one token each, so ids and amounts are copied digit by
 digit), and so is every newline: the generation prompt ends in a newline ("...</think>\n\n"), so no merge may
 cross it, or the tokens of a full transcript would not start with the tokens of the prompt the model acted
 on (e.g. "\nYour" as one token in training, while at inference the prompt already ends in "\n\n"); SFT
@@ -15,8 +16,7 @@ skip_special_tokens=True, which would otherwise strip them.
 
 from __future__ import annotations
 
-import random
-from collections.abc import Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -51,28 +51,13 @@ MARKUP = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", 
 MAX_POSITIONS = 4096
 
 
-def corpus(env_names: list[str], n_seeds: int, seed: int = 0) -> Iterator[str]:
-    """Rendered transcripts (reference solutions and deficit demonstrations) from registered environments."""
-    from trace_cli.envs.registry import make_env
-    from trace_cli.envs.rollout import replay
+def corpus(episodes: Iterable[dict[str, Any]]) -> list[str]:
+    """The tokenizer's training texts: each episode ({messages, tools}: reference solutions and deficit
+    demonstrations of the registered environments, replayed by the stage) rendered with the Qwen3 template."""
+    from trace_cli.models.chat import render
 
     tok = _bare_tokenizer()
-    rng = random.Random(seed)
-    for name in env_names:
-        env = make_env(name)
-        for _ in range(n_seeds):
-            sd = rng.randrange(1 << 30)
-            env.reset(sd)
-            plans = [env.reference_actions()]
-            demo = getattr(env, "demonstration", None)
-            caps = (env.task_metadata() or {}).get("required_capabilities") or []
-            if demo is not None and caps:
-                plans.append(demo({rng.choice(caps)}))
-            for plan in plans:
-                ep = replay(make_env(name), sd, plan)
-                from trace_cli.models.chat import render
-
-                yield render(tok, ep.messages, ep.tools, add_generation_prompt=False)
+    return [render(tok, ep["messages"], ep["tools"], add_generation_prompt=False) for ep in episodes]
 
 
 def _bare_tokenizer():
@@ -156,13 +141,13 @@ def build(
     *,
     preset: str,
     seed: int,
-    envs: list[str],
-    corpus_seeds: int,
+    episodes: Iterable[dict[str, Any]],
     vocab_size: int | None = None,
     arch: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Train the tokenizer, build the model, save both in Hugging Face format; return a summary."""
-    texts = list(corpus(envs, corpus_seeds, seed))
+    """Train the tokenizer on `episodes` (see corpus), build the model, save both in Hugging Face format;
+    return a summary."""
+    texts = corpus(episodes)
     tok = build_tokenizer(texts, vocab_size or PRESETS[preset]["vocab_size"])
     model = build_model(tok, preset, seed, arch)
     model.save_pretrained(out_dir)

@@ -173,8 +173,12 @@ def _load(src: dict[str, Any]):
     return model, tok
 
 
-def import_model(source: str, out: Path, *, chat_template: str | None, envs: list[str]) -> dict[str, Any]:
-    """Write the model + tokenizer (with the chosen template) + META_FILE to `out`; return the summary."""
+def import_model(
+    source: str, out: Path, *, chat_template: str | None, episodes: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Write the model + tokenizer (with the chosen template) + META_FILE to `out`; return the summary.
+    `episodes` ({messages, tools}: a few replayed reference episodes) check that the template preserves
+    prefixes."""
     from trace_cli.models.chat import eos_ids, prefix_problems
 
     src = resolve_source(source)
@@ -184,7 +188,7 @@ def import_model(source: str, out: Path, *, chat_template: str | None, envs: lis
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     ctx = context_of(model.config)
-    problems = prefix_problems(tok, sample_episodes(envs))
+    problems = prefix_problems(tok, episodes)
     model.save_pretrained(out)
     tok.save_pretrained(out)
     meta = {
@@ -211,21 +215,6 @@ def import_model(source: str, out: Path, *, chat_template: str | None, envs: lis
         "vocab_size": len(tok),
         "stop_tokens": [tok.convert_ids_to_tokens(i) for i in meta["stop_token_ids"]],
     }
-
-
-def sample_episodes(envs: list[str], seeds: int = 3) -> list[dict[str, Any]]:
-    """A few replayed reference episodes (messages + tools) to check a template against."""
-    from trace_cli.envs.registry import make_env
-    from trace_cli.envs.rollout import replay
-
-    out = []
-    for name in envs:
-        for s in range(seeds):
-            env = make_env(name)
-            env.reset(s)
-            ep = replay(make_env(name), s, env.reference_actions())
-            out.append({"messages": ep.messages, "tools": ep.tools})
-    return out
 
 
 def context_of(config) -> int | None:

@@ -2,7 +2,8 @@
 OpenAI-compatible endpoints (`openai:http://HOST:PORT/v1?model=NAME`).
 
 `resolve_model()` is cheap (no weights loaded) so stages can validate references before any compute;
-`load_policy()` does the loading.
+`load_hf()` loads an hf or adapter reference's weights, and compose.policy.load_policy makes any reference a
+policy (it needs the agents and compositions, which live above this layer).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from trace_cli.store import Store
 BUILTIN_POLICIES = ("policy:reference", "policy:random")  # + policy:demonstration?deficits=a,b&rate=0.9
 
 
-def _demonstration_params(ref: str) -> tuple[set[str], float]:
+def demonstration_params(ref: str) -> tuple[set[str], float]:
     """`policy:demonstration?deficits=a,b&rate=0.9` -> ({a, b}, 0.9)."""
     from urllib.parse import parse_qsl
 
@@ -137,7 +138,7 @@ def resolve_model(ref: str, store: Store | None = None) -> ModelRef:
             "openai", ep.display, hashlib.sha256(ep.display.encode()).hexdigest(), extra={"ref": ref}
         )
     if ref.startswith("policy:demonstration"):
-        _demonstration_params(ref)  # validate now
+        demonstration_params(ref)  # validate now
         return ModelRef("builtin", ref, hashlib.sha256(ref.encode()).hexdigest())
     if ref in BUILTIN_POLICIES:
         return ModelRef("builtin", ref, hashlib.sha256(ref.encode()).hexdigest())
@@ -253,70 +254,3 @@ def load_hf(ref: ModelRef, *, trainable_adapter: bool = False):
         model = model.to("cuda")
     model.eval()
     return model, tok
-
-
-def load_policy(
-    ref: ModelRef,
-    *,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    max_new_tokens: int = 128,
-    seed: int = 0,
-    record_tokens: bool = False,
-):
-    from trace_cli.models import policies
-
-    if ref.kind == "openai":
-        from trace_cli.agents.openai_policy import OpenAIPolicy
-        from trace_cli.llm.openai_client import parse_ref
-
-        return OpenAIPolicy(
-            parse_ref(ref.extra["ref"]),
-            temperature=temperature,
-            top_p=top_p,
-            max_new_tokens=max_new_tokens,
-            seed=seed,
-        )
-    if ref.kind == "builtin":
-        if ref.display.startswith("policy:demonstration"):
-            deficits, rate = _demonstration_params(ref.display)
-            return policies.DemonstrationPolicy(deficits, rate, seed)
-        return (
-            policies.ReferencePolicy() if ref.display == "policy:reference" else policies.RandomPolicy(seed)
-        )
-    from trace_cli.models.importer import context_of, read_meta
-
-    if ref.kind == "composition":
-        # adapters combined by `trace compose` on their base model: the router routes each conversation,
-        # moe gates each token, merge is one merged model (trace_cli.compose.policy; imported lazily, as above)
-        from transformers import AutoConfig
-
-        from trace_cli.compose.policy import load_composition_policy
-
-        return load_composition_policy(
-            ref.adapter_path,
-            ref.path,
-            base_digest=ref.extra.get("base_digest"),
-            name=ref.display,
-            tool_format=read_meta(ref.path).get("tool_format"),
-            max_context=context_of(AutoConfig.from_pretrained(ref.path)),
-            temperature=temperature,
-            top_p=top_p,
-            max_new_tokens=max_new_tokens,
-            seed=seed,
-            record_tokens=record_tokens,
-        )
-    model, tok = load_hf(ref)
-    meta = read_meta(ref.path)
-    return policies.HFPolicy(
-        model,
-        tok,
-        tool_format=meta.get("tool_format"),
-        max_context=context_of(model.config),
-        temperature=temperature,
-        top_p=top_p,
-        max_new_tokens=max_new_tokens,
-        seed=seed,
-        name=ref.display,
-        record_tokens=record_tokens,
-    )

@@ -290,9 +290,9 @@ def _transcripts(prepared: Prepared, store: Store, names: list[str]):
             )
     if out or "policy" not in prepared.extra:
         return out
+    from trace_cli.compose.policy import load_policy
     from trace_cli.envs.registry import make_env
     from trace_cli.envs.rollout import rollout
-    from trace_cli.models.refs import load_policy
 
     m = prepared.config["moe"]
     policy = load_policy(prepared.extra["policy"], seed=prepared.config["seed"])

@@ -119,9 +119,9 @@ def summarize(rows: list[dict[str, Any]], trials: int) -> tuple[dict[str, Any], 
 
 
 def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=False) -> dict[str, Artifact]:
+    from trace_cli.compose.policy import load_policy
     from trace_cli.envs.registry import make_env
     from trace_cli.envs.rollout import rollout
-    from trace_cli.models.refs import load_policy
     from trace_cli.progress import Bar
     from trace_cli.store.rollouts import tool_call_rows, write_tables
 

@@ -1,8 +1,12 @@
 """Stage `model`: build an offline Qwen3-architecture model + tokenizer (`preset`), or import a real checkpoint
-(`source`: HF dir, .gguf, built-in smollm2-135m-instruct), as a `model` artifact."""
+(`source`: HF dir, .gguf, built-in smollm2-135m-instruct), as a `model` artifact.
+
+The environments' episodes that the model layer needs (the tokenizer's corpus, the template check of an
+import) are replayed here and handed down: trace_cli.models knows no environment."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from trace_cli.errors import UsageError
@@ -23,6 +27,48 @@ def check_envs(names: list[str]) -> None:
     bad = [e for e in names if e not in known]
     if bad:
         raise UsageError(f"envs: unknown environment(s) {', '.join(bad)}; registered: {', '.join(known)}")
+
+
+def _replayed(name: str, seed: int, plan: list[dict[str, Any]]) -> dict[str, Any]:
+    from trace_cli.envs.registry import make_env
+    from trace_cli.envs.rollout import replay
+
+    ep = replay(make_env(name), seed, plan)
+    return {"messages": ep.messages, "tools": ep.tools}
+
+
+def corpus_episodes(env_names: list[str], n_seeds: int, seed: int = 0) -> list[dict[str, Any]]:
+    """Reference solutions and deficit demonstrations ({messages, tools}) on `n_seeds` seeded draws per
+    environment: the text a preset's tokenizer is trained on and pretraining copies from."""
+    from trace_cli.envs.registry import make_env
+
+    rng = random.Random(seed)
+    out = []
+    for name in env_names:
+        env = make_env(name)
+        for _ in range(n_seeds):
+            sd = rng.randrange(1 << 30)
+            env.reset(sd)
+            plans = [env.reference_actions()]
+            demo = getattr(env, "demonstration", None)
+            caps = (env.task_metadata() or {}).get("required_capabilities") or []
+            if demo is not None and caps:
+                plans.append(demo({rng.choice(caps)}))
+            out += [_replayed(name, sd, plan) for plan in plans]
+    return out
+
+
+def sample_episodes(env_names: list[str], seeds: int = 3) -> list[dict[str, Any]]:
+    """A few replayed reference episodes ({messages, tools}, seeds 0..seeds-1) to check a template against."""
+    from trace_cli.envs.registry import make_env
+
+    out = []
+    for name in env_names:
+        for s in range(seeds):
+            env = make_env(name)
+            env.reset(s)
+            out.append(_replayed(name, s, env.reference_actions()))
+    return out
 
 
 IMPORT_KEYS = ("source", "chat_template")
@@ -77,8 +123,7 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
             w.path / "hf",
             preset=cfg["preset"],
             seed=cfg["seed"],
-            envs=cfg["envs"],
-            corpus_seeds=cfg["corpus_seeds"],
+            episodes=corpus_episodes(cfg["envs"], cfg["corpus_seeds"], cfg["seed"]),
             vocab_size=cfg.get("vocab_size"),
             arch=cfg.get("arch"),
         )
@@ -93,7 +138,10 @@ def _run_import(prepared: Prepared, store: Store, *, name=None, overrides=None, 
     with prepared.writer(store, "model", name=name, overrides=overrides, replace=replace) as w:
         w.summary.update(
             import_model(
-                cfg["source"], w.path / "hf", chat_template=cfg.get("chat_template"), envs=cfg["envs"]
+                cfg["source"],
+                w.path / "hf",
+                chat_template=cfg.get("chat_template"),
+                episodes=sample_episodes(cfg["envs"]),
             )
         )
     return {"model": w.artifact}

@@ -38,11 +38,12 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
 def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=False) -> dict[str, Artifact]:
     from trace_cli.models.builder import corpus
     from trace_cli.models.refs import load_hf
+    from trace_cli.stages.model import corpus_episodes
     from trace_cli.training.pretrain import pretrain_copy
 
     cfg = prepared.config
     model, tok = load_hf(prepared.extra["model"])
-    texts = list(corpus(cfg["envs"], cfg["corpus_seeds"], cfg["seed"]))
+    texts = corpus(corpus_episodes(cfg["envs"], cfg["corpus_seeds"], cfg["seed"]))
 
     def log(m: dict[str, Any]) -> None:
         if m["step"] % 25 == 0 or "copy_accuracy" in m:

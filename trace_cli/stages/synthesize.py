@@ -164,7 +164,7 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
 
 def load_calibration_policy(model, store: Store, cfg: dict[str, Any]):
     """The policy that calibrates (loaded once per run; each attempt reseeds it)."""
-    from trace_cli.models.refs import load_policy
+    from trace_cli.compose.policy import load_policy
 
     cal = cfg["calibration"]
     return load_policy(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from trace_testing import TAU2_FILES
 
-from trace_cli.envs.policies import replay
+from trace_cli.envs.scripted import replay
 from trace_cli.envs.shop import TOOL_SCHEMAS
 from trace_cli.envs.synthetic import TEMPLATES, make_template, recover_tools
 from trace_cli.stages.base import execute

@@ -9,9 +9,9 @@ import textwrap
 import pytest
 from trace_testing import snapshot
 
+from trace_cli.agents.scripted import ReferencePolicy
 from trace_cli.envs.rollout import rollout
 from trace_cli.envs.sandbox import Limits, SandboxedEnv, SandboxViolation, SandboxWorker, check_module
-from trace_cli.models.policies import ReferencePolicy
 from trace_cli.store import Store
 
 GOOD = textwrap.dedent('''

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trace_cli.envs.base import Environment
-from trace_cli.envs.policies import RandomPolicy, replay
+from trace_cli.envs.scripted import ActionFuzzer, replay
 from trace_cli.envs.shop import POLICY, TOOL_SCHEMAS
 from trace_cli.envs.synthetic import TEMPLATES, get_template, make_template
 from trace_cli.envs.synthetic.checks import check_do_nothing, check_leakage, run_checks
@@ -35,8 +35,8 @@ def test_same_seed_same_episode_and_reward(name, seed, level):
     oa, ob = a.reset(seed), b.reset(seed)
     assert oa.to_dict() == ob.to_dict()
     assert a.task_metadata() == b.task_metadata()
-    noise = RandomPolicy(seed)
-    actions = [noise.act(oa) for _ in range(5)] + a.reference_actions()
+    noise = ActionFuzzer(seed)
+    actions = [noise.action(oa) for _ in range(5)] + a.reference_actions()
     assert _trace(a, seed, actions) == _trace(b, seed, actions) == _trace(a, seed, actions)
 
 
@@ -220,7 +220,7 @@ def test_determinism_across_processes_and_hash_seeds():
     code = (
         "import hashlib, json\n"
         "from trace_cli.envs.synthetic import TEMPLATES\n"
-        "from trace_cli.envs.policies import replay\n"
+        "from trace_cli.envs.scripted import replay\n"
         "h = hashlib.sha256()\n"
         "for name, cls in sorted(TEMPLATES.items()):\n"
         "    env = cls(level=len(cls.LEVELS) - 1)\n"

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from trace_cli.envs.base import Environment
-from trace_cli.envs.policies import RandomPolicy, replay
+from trace_cli.envs.scripted import ActionFuzzer, replay
 from trace_cli.envs.synthetic.base import leaked_values
 
 EnvFactory = Callable[[], Environment]
@@ -65,8 +65,8 @@ def check_determinism(factory: EnvFactory, seeds: Iterable[int]) -> CheckResult:
             bad.append(f"seed {seed}: task metadata differs between instances")
             continue
         ref = a.reference_actions()
-        noise = RandomPolicy(seed)
-        perturbed = [noise.act(a.reset(seed)) for _ in range(4)] + ref
+        noise = ActionFuzzer(seed)
+        perturbed = [noise.action(a.reset(seed)) for _ in range(4)] + ref
         for label, acts in (("reference", ref), ("perturbed", perturbed), ("do-nothing", [GOODBYE] * 3)):
             fa, fb, fa2 = (
                 _fingerprint(a, seed, acts),

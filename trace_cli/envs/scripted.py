@@ -1,14 +1,17 @@
-"""Scripted policies for any Environment: `RandomPolicy` (a floor: random calls and garbled text) and replays.
+"""Driving an Environment step by step without an agent: `replay` an action list (an `Episode`: every
+StepResult and the verdict), and `ActionFuzzer`, random and often invalid actions that exercise an
+environment's error paths.
 
-These need no model, so tests, calibration and smoke checks can drive environments in pure Python.
+The environment checks (envs.synthetic.checks) and the environment tests use these in pure Python. They are no
+agent: agents (trace_cli.agents, e.g. `policy:random`) answer conversations through the rollout loop.
 """
 
 from __future__ import annotations
 
 import random
 import string
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 from trace_cli.envs.base import Environment, Observation, RewardBreakdown, StepResult
 
@@ -34,17 +37,12 @@ _WORDS = [
 ]
 
 
-class Policy(Protocol):
-    """Anything that picks the next action from the opening observation and the results so far."""
-
-    def act(self, observation: Observation, history: list[StepResult]) -> dict[str, Any]: ...
-
-
-class RandomPolicy:
-    """Picks a random tool with random, often wrong, arguments, or sends a random message.
+class ActionFuzzer:
+    """Random actions for an observation: a random tool with random, often wrong, arguments, or a random
+    message.
 
     Arguments are drawn per schema type, but with some probability a property is dropped, given the wrong
-    type, or an unknown property is added, so it also exercises the environment's error paths.
+    type, or an unknown property is added, so they also exercise the environment's error paths.
     """
 
     def __init__(self, seed: int = 0, p_message: float = 0.25):
@@ -86,7 +84,7 @@ class RandomPolicy:
     def message(self) -> dict[str, Any]:
         return {"content": " ".join(self.rng.choice(_WORDS) for _ in range(self.rng.randint(1, 8)))}
 
-    def act(self, observation: Observation, history: list[StepResult] | None = None) -> dict[str, Any]:
+    def action(self, observation: Observation) -> dict[str, Any]:
         if not observation.tools or self.rng.random() < self.p_message:
             return self.message()
         fn = self.rng.choice(observation.tools)["function"]
@@ -105,7 +103,6 @@ class Episode:
     results: list[StepResult]
     verdict: RewardBreakdown
     task_id: str
-    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 def replay(env: Environment, seed: int, actions: list[dict[str, Any]]) -> Episode:
@@ -119,18 +116,3 @@ def replay(env: Environment, seed: int, actions: list[dict[str, Any]]) -> Episod
         if result.done:
             break
     return Episode(done_actions, results, env.verify(), obs.task_id)
-
-
-def run_policy(env: Environment, seed: int, policy: Policy, max_steps: int | None = None) -> Episode:
-    """Drive `env` with a policy exposing `act(observation, history)` until done (or max_steps)."""
-    obs = env.reset(seed)
-    limit = max_steps if max_steps is not None else env.max_turns
-    actions, results = [], []
-    for _ in range(limit):
-        action = policy.act(obs, results)
-        result = env.step(action)
-        actions.append(action)
-        results.append(result)
-        if result.done:
-            break
-    return Episode(actions, results, env.verify(), obs.task_id)

@@ -1,108 +1,16 @@
-"""Policies the rollout loop can drive: an HF causal LM (batched generation), the environment's reference
-solver, and a random-action baseline. Built-ins are addressed as model references `policy:reference` and
-`policy:random`."""
+"""A transformers causal LM as a policy (`HFPolicy`): batched, left-padded, KV-cached generation, prompts in
+the model's own chat template, turns parsed by its family's tool-call parser."""
 
 from __future__ import annotations
 
-import random
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
-from trace_cli.envs.rollout import EpisodeState
+from trace_cli.agents.base import as_turn
+from trace_cli.envs.rollout import EpisodeState, Turn
 
 
-class ReferencePolicy:
-    """Replays each episode's reference solution (reward 1 by construction; a check on the env)."""
-
-    name = "policy:reference"
-
-    def begin(self, state: EpisodeState) -> None:
-        state.turns.append({"plan": list(state.env.reference_actions())})
-
-    def act(self, states: list[EpisodeState]) -> list[list[dict[str, Any]]]:
-        out = []
-        for s in states:
-            plan = s.turns[0]["plan"]
-            out.append([plan.pop(0)] if plan else [{"content": "Goodbye."}])
-        return out
-
-
-class DemonstrationPolicy(ReferencePolicy):
-    """Replays the environment's deficit demonstrations: `policy:demonstration?deficits=a,b&rate=0.9`.
-
-    This is the behaviour an SFT base agent with those deficits is trained to imitate, scripted: a
-    reference point for diagnose (what a base agent "with known failures" produces) that needs no training.
-    With rate < 1 a seeded share of episodes shows the withheld behaviour after all."""
-
-    def __init__(self, deficits: set[str], rate: float = 1.0, seed: int = 0):
-        self.deficits = set(deficits)
-        self.rate = rate
-        self.seed = seed
-        self.name = f"policy:demonstration?deficits={','.join(sorted(deficits))}&rate={rate:g}"
-
-    def begin(self, state: EpisodeState) -> None:
-        rng = random.Random(self.seed * 1_000_003 + state.seed * 31 + state.trial)
-        demo = getattr(state.env, "demonstration", None)
-        plan = list(state.env.reference_actions())
-        if rng.random() < self.rate:
-            if self.deficits and demo is not None:
-                plan = list(demo(set(self.deficits)))
-            elif demo is None:
-                # an environment without named deficits (e.g. a synthesized one): stop half-way and close,
-                # the generic way of "not finishing the job" (partial credit where the env grades it)
-                plan = plan[: max(1, len(plan) // 2)] + [
-                    {"content": "Is there anything else I can help with?"}
-                ]
-        state.turns.append({"plan": plan})
-
-
-def _random_value(schema: dict[str, Any], rng: random.Random) -> Any:
-    t = schema.get("type", "string")
-    if "enum" in schema:
-        return rng.choice(schema["enum"])
-    if t == "integer":
-        return rng.randint(0, 100)
-    if t == "number":
-        return round(rng.uniform(0, 500), 2)
-    if t == "boolean":
-        return rng.random() < 0.5
-    if t == "array":
-        return [_random_value(schema.get("items", {}), rng) for _ in range(rng.randint(1, 2))]
-    return rng.choice(["#W1000001", "abc", "user_1", "12345", "credit_card_1", "yes"])
-
-
-class RandomPolicy:
-    """Random tool calls with schema-typed random arguments, and random short messages."""
-
-    name = "policy:random"
-
-    def __init__(self, seed: int = 0):
-        self.seed = seed
-
-    def begin(self, state: EpisodeState) -> None:
-        state.turns.append({"rng": random.Random(self.seed * 1_000_003 + state.seed * 31 + state.trial)})
-
-    def act(self, states: list[EpisodeState]) -> list[list[dict[str, Any]]]:
-        out = []
-        for s in states:
-            rng: random.Random = s.turns[0]["rng"]
-            if rng.random() < 0.75 and s.tools:
-                fn = rng.choice(s.tools)["function"]
-                props = fn.get("parameters", {}).get("properties", {})
-                args = {k: _random_value(v, rng) for k, v in props.items()}
-                out.append([{"name": fn["name"], "arguments": args}])
-            else:
-                out.append(
-                    [
-                        {
-                            "content": rng.choice(
-                                ["Done.", "Can you tell me more?", "I cannot help with that.", "Sure."]
-                            )
-                        }
-                    ]
-                )
-        return out
-
-
+@dataclass(eq=False)
 class HFPolicy:
     """A transformers causal LM (optionally base + PEFT adapter): batched, left-padded, KV-cached generation.
 
@@ -112,38 +20,26 @@ class HFPolicy:
     turn feeds only the tokens added since the last one. A prompt that no longer fits the model's context
     with `max_new_tokens` ends its episode (termination `max_length`) instead of being cut."""
 
-    def __init__(
-        self,
-        model,
-        tokenizer,
-        *,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        max_new_tokens: int = 128,
-        max_prompt_tokens: int | None = None,
-        seed: int = 0,
-        name: str = "hf",
-        record_tokens: bool = False,
-        tool_format: str | None = None,
-        max_context: int | None = None,
-        reuse_cache: bool = True,
-    ):
+    model: Any
+    tok: Any
+    _: KW_ONLY
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_new_tokens: int = 128
+    max_prompt_tokens: int | None = None
+    seed: int = 0
+    name: str = "hf"
+    record_tokens: bool = False
+    tool_format: str | None = None  # the model family's tool-call parser; detected from the template if None
+    max_context: int | None = None
+    reuse_cache: bool = True
+
+    def __post_init__(self) -> None:
         from trace_cli.models.chat import eos_ids
         from trace_cli.models.templates import detect_tool_format
 
-        self.model = model
-        self.tok = tokenizer
-        self.temperature = temperature
-        self.top_p = top_p
-        self.max_new_tokens = max_new_tokens
-        self.max_prompt_tokens = max_prompt_tokens
-        self.seed = seed
-        self.name = name
-        self.record_tokens = record_tokens
-        self.tool_format = tool_format or detect_tool_format(getattr(tokenizer, "chat_template", None))
-        self.max_context = max_context
-        self.reuse_cache = reuse_cache
-        self.eos = eos_ids(tokenizer, getattr(model, "generation_config", None))
+        self.tool_format = self.tool_format or detect_tool_format(getattr(self.tok, "chat_template", None))
+        self.eos = eos_ids(self.tok, getattr(self.model, "generation_config", None))
         if not self.eos:
             raise ValueError("the tokenizer and generation config name no stop token (eos_token_id)")
         self._round = 0
@@ -173,7 +69,7 @@ class HFPolicy:
     def _pad(self) -> int:
         return self.tok.pad_token_id if self.tok.pad_token_id is not None else self.eos[0]
 
-    def act(self, states: list[EpisodeState]) -> list[Any]:
+    def act(self, states: list[EpisodeState]) -> list[Turn]:
         from trace_cli.models.chat import render
 
         if not self.reuse_cache:
@@ -181,7 +77,7 @@ class HFPolicy:
             out = []
             for s, (text, ids, prompt_ids) in zip(states, self.generate(prompts), strict=True):
                 self._account(s, prompt_ids, ids)
-                out.append(text)
+                out.append(as_turn(text, self.parse))
             return out
         from trace_cli.models.kvcache import generate_reusing
 
@@ -209,7 +105,7 @@ class HFPolicy:
                 states[i].kv = kv
                 self._account(states[i], ctx, ids)
                 outs[i] = self.tok.decode(ids, skip_special_tokens=False)
-        return outs
+        return [as_turn(o, self.parse) for o in outs]
 
     def _account(self, s: EpisodeState, prompt_ids: list[int], ids: list[int]) -> None:
         s.gen_tokens += len(ids)
