@@ -226,11 +226,9 @@ def read_gates(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     return tensors, meta
 
 
-def load_gates(
-    layers: dict[str, GatedLoraLinear], path: Path, *, base_digest: str, experts: list[str], origin: str
-) -> None:
-    """Load trained gates; UsageError if they were trained on another base model or other experts."""
-    tensors, meta = read_gates(path)
+def check_gates(meta: dict[str, Any], *, base_digest: str, experts: list[str], origin: str) -> None:
+    """UsageError (exit 2) unless gates with metadata `meta` (read_gates) were trained on this base model for
+    these experts, in this order: gates only fit the base and experts they were trained with."""
     if meta.get("base_digest") != base_digest:
         raise UsageError(
             f"gates from {origin} were trained on another base model (digest {str(meta.get('base_digest'))[:12]}…, "
@@ -242,6 +240,14 @@ def load_gates(
             f"gates from {origin} route experts {meta.get('experts')}, this composition has {experts}; "
             "the experts and their order must match"
         )
+
+
+def load_gates(
+    layers: dict[str, GatedLoraLinear], path: Path, *, base_digest: str, experts: list[str], origin: str
+) -> None:
+    """Load trained gates; UsageError if they were trained on another base model or other experts."""
+    tensors, meta = read_gates(path)
+    check_gates(meta, base_digest=base_digest, experts=experts, origin=origin)
     want = set(gate_tensors(layers))
     if set(tensors) != want:
         missing = sorted(want - set(tensors))[:3]

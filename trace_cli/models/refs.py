@@ -165,29 +165,20 @@ def resolve_model(ref: str, store: Store | None = None) -> ModelRef:
                 return ModelRef(
                     "hf", art.uri, art.digest, path=art.path / "hf", artifact_id=art.id, artifact_kind="model"
                 )
-            if art.kind == "adapter":
+            if art.kind in ("adapter", "composition"):  # composition: adapters combined by `trace compose`
                 base_ref = adapter_base(art, store)
+                extra = {"base": base_ref.display}
+                if art.kind == "composition":  # its gates / merged weights were built on that exact base
+                    extra["base_digest"] = base_ref.digest
                 return ModelRef(
-                    "adapter",
+                    art.kind,
                     art.uri,
                     art.digest,
                     path=base_ref.path,
-                    adapter_path=art.path / "adapter",
+                    adapter_path=art.path / "adapter" if art.kind == "adapter" else art.path,
                     artifact_id=art.id,
-                    artifact_kind="adapter",
-                    extra={"base": base_ref.display},
-                )
-            if art.kind == "composition":  # adapters combined by `trace compose` (trace_cli.compose)
-                base_ref = adapter_base(art, store)
-                return ModelRef(
-                    "composition",
-                    art.uri,
-                    art.digest,
-                    path=base_ref.path,
-                    adapter_path=art.path,
-                    artifact_id=art.id,
-                    artifact_kind="composition",
-                    extra={"base": base_ref.display, "base_digest": base_ref.digest},
+                    artifact_kind=art.kind,
+                    extra=extra,
                 )
             raise UsageError(f"{ref!r} is a {art.kind} artifact, not a model, adapter or composition")
     if "/" in ref and not ref.startswith(("store://", ".", "/")):

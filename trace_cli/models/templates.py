@@ -50,6 +50,46 @@ _TOOLS_FORMAT = (
     "<args-json-object>}\\n</tool_call>"
 )
 
+
+def _conversation(
+    *,
+    head: tuple[str, str],
+    end: str,
+    after: str,
+    call: tuple[str, str, str],
+    tool: tuple[str, str, str],
+) -> str:
+    """The message loop every built-in shares, in one family's markers: a message is `head[0] ROLE head[1]`,
+    its content and `end` (+ `after`, outside the assistant's `{% generation %}` span); an assistant turn is
+    its content, then each tool call as `call[0]` NAME `", "call[1]": ` ARGUMENTS `call[2]`; a tool result is
+    shown under role `tool[0]`, wrapped in `tool[1]` ... `tool[2]`; last comes the generation prompt."""
+    (h0, h1), (c0, key, c1), (role, t0, t1) = head, call, tool
+    close = "{{- '\\n' }}\n" if after else ""
+    return f"""{{%- for message in messages %}}
+{{%- set content = message.content if message.content is string else '' %}}
+{{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}}
+{{{{- '{h0}' + message.role + '{h1}' + content + '{end}{after}' }}}}
+{{%- elif message.role == 'assistant' %}}
+{{{{- '{h0}assistant{h1}' }}}}
+{{%- generation %}}
+{{{{- content }}}}
+{{%- for tool_call in message.tool_calls or [] %}}
+{{%- if (loop.first and content) or not loop.first %}}{{{{- '\\n' }}}}{{%- endif %}}
+{{%- if tool_call.function %}}{{%- set tool_call = tool_call.function %}}{{%- endif %}}
+{{{{- '{c0}{{"name": "' + tool_call.name + '", "{key}": ' }}}}
+{{%- if tool_call.arguments is string %}}{{{{- tool_call.arguments }}}}{{%- else %}}{{{{- tool_call.arguments | tojson }}}}{{%- endif %}}
+{{{{- '}}{c1}' }}}}
+{{%- endfor %}}
+{{{{- '{end}' }}}}
+{{%- endgeneration %}}
+{close}{{%- elif message.role == 'tool' %}}
+{{{{- '{h0}{role}{h1}{t0}' + content + '{t1}{end}{after}' }}}}
+{{%- endif %}}
+{{%- endfor %}}
+{{%- if add_generation_prompt %}}{{{{- '{h0}assistant{h1}' }}}}{{%- endif %}}
+"""
+
+
 HERMES = (
     """{%- if tools %}
 {{- '<|im_start|>system\\n' }}
@@ -64,30 +104,14 @@ HERMES = (
 {%- elif messages[0].role == 'system' %}
 {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
 {%- endif %}
-{%- for message in messages %}
-{%- set content = message.content if message.content is string else '' %}
-{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}
-{{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' }}
-{%- elif message.role == 'assistant' %}
-{{- '<|im_start|>assistant\\n' }}
-{%- generation %}
-{{- content }}
-{%- for tool_call in message.tool_calls or [] %}
-{%- if (loop.first and content) or not loop.first %}{{- '\\n' }}{%- endif %}
-{%- if tool_call.function %}{%- set tool_call = tool_call.function %}{%- endif %}
-{{- '<tool_call>\\n{"name": "' + tool_call.name + '", "arguments": ' }}
-{%- if tool_call.arguments is string %}{{- tool_call.arguments }}{%- else %}{{- tool_call.arguments | tojson }}{%- endif %}
-{{- '}\\n</tool_call>' }}
-{%- endfor %}
-{{- '<|im_end|>' }}
-{%- endgeneration %}
-{{- '\\n' }}
-{%- elif message.role == 'tool' %}
-{{- '<|im_start|>tool\\n<tool_response>\\n' + content + '\\n</tool_response><|im_end|>\\n' }}
-{%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}
 """
+    + _conversation(
+        head=("<|im_start|>", "\\n"),
+        end="<|im_end|>",
+        after="\\n",
+        call=("<tool_call>\\n", "arguments", "\\n</tool_call>"),
+        tool=("tool", "<tool_response>\\n", "\\n</tool_response>"),
+    )
 )
 
 LLAMA3_JSON = """{%- set sys = messages[0].content if messages[0].role == 'system' else '' %}
@@ -99,29 +123,13 @@ LLAMA3_JSON = """{%- set sys = messages[0].content if messages[0].role == 'syste
 {%- for tool in tools %}{{- '\\n\\n' }}{{- tool | tojson }}{%- endfor %}
 {%- endif %}
 {{- '<|eot_id|>' }}
-{%- for message in messages %}
-{%- set content = message.content if message.content is string else '' %}
-{%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}
-{{- '<|start_header_id|>' + message.role + '<|end_header_id|>\\n\\n' + content + '<|eot_id|>' }}
-{%- elif message.role == 'assistant' %}
-{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
-{%- generation %}
-{{- content }}
-{%- for tool_call in message.tool_calls or [] %}
-{%- if (loop.first and content) or not loop.first %}{{- '\\n' }}{%- endif %}
-{%- if tool_call.function %}{%- set tool_call = tool_call.function %}{%- endif %}
-{{- '{"name": "' + tool_call.name + '", "parameters": ' }}
-{%- if tool_call.arguments is string %}{{- tool_call.arguments }}{%- else %}{{- tool_call.arguments | tojson }}{%- endif %}
-{{- '}' }}
-{%- endfor %}
-{{- '<|eot_id|>' }}
-{%- endgeneration %}
-{%- elif message.role == 'tool' %}
-{{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' + content + '<|eot_id|>' }}
-{%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}
-"""
+""" + _conversation(
+    head=("<|start_header_id|>", "<|end_header_id|>\\n\\n"),
+    end="<|eot_id|>",
+    after="",
+    call=("", "parameters", ""),
+    tool=("ipython", "", ""),
+)
 
 
 @dataclass(frozen=True)

@@ -134,7 +134,7 @@ def _prepare_moe(cfg, store: Store, adapters, base, extra) -> list[dict[str, Any
     names = [a["name"] for a in adapters]
     inputs: list[dict[str, Any]] = []
     if m.get("gates"):
-        from trace_cli.compose.moe import read_gates
+        from trace_cli.compose.moe import check_gates, read_gates
         from trace_cli.compose.spec import read_composition
 
         g = store.resolve(m["gates"], kind="composition")
@@ -142,16 +142,7 @@ def _prepare_moe(cfg, store: Store, adapters, base, extra) -> list[dict[str, Any
         if doc["method"] != "moe":
             raise UsageError(f"moe.gates: {g.uri} is a {doc['method']} composition; it has no gates")
         _, meta = read_gates(g.path / doc["gates"]["file"])
-        if meta.get("base_digest") != base.digest:
-            raise UsageError(
-                f"moe.gates: the gates of {g.uri} were trained on another base model "
-                f"({str(meta.get('base_digest'))[:12]}…, this base is {base.digest[:12]}…); gates only fit their own base",
-                hint="drop moe.gates to train gates for this base",
-            )
-        if meta.get("experts") != names:
-            raise UsageError(
-                f"moe.gates: {g.uri} routes experts {meta.get('experts')}, this composition has {names}"
-            )
+        check_gates(meta, base_digest=base.digest, experts=names, origin=f"moe.gates ({g.uri})")
         if doc["gates"]["context"] != m["context"]:
             raise UsageError(
                 f"moe.gates: {g.uri} has context={doc['gates']['context']}; set moe.context to match"
