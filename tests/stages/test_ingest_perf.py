@@ -1,9 +1,9 @@
-"""The fast ingest path (orjson, no cyclic GC, bytes into Arrow, `_fast_valid`) stores exactly what the plain
-`json` path stores, and reports the same errors; JSONL lines end at "\\n" only."""
+"""The fast ingest path (orjson, no cyclic GC, bytes into Arrow, the compiled episode check) stores exactly what
+the plain `json` path stores, and reports the same errors; JSONL lines end at "\\n" only. (The compiled check
+itself is tested against jsonschema in tests/formats/test_schema_check.py.)"""
 
 from __future__ import annotations
 
-import copy
 import gc
 import json
 import math
@@ -13,11 +13,9 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from trace_testing import TAU2_FILES, episode, run_cli, write_jsonl
 
-from trace_cli.config.schemas import _validator
+from trace_cli.formats import jsonl, tau2_read
 from trace_cli.stages import ingest
 from trace_cli.store import Store
 from trace_cli.store.rollouts import read_episodes, string_array, tool_call_rows
@@ -233,8 +231,8 @@ def _decoded(good):
 def test_tau2_fast_and_plain_paths_agree(tau2_dir):
     for fname in TAU2_FILES.values():
         path = tau2_dir / fname
-        fast = ingest._tau2_records(orjson.loads(path.read_bytes()), path, "s", fast=True)
-        plain = ingest._tau2_records(json.loads(path.read_text()), path, "s", fast=False)
+        fast = tau2_read.records(orjson.loads(path.read_bytes()), path, "s", fast=True)
+        plain = tau2_read.records(json.loads(path.read_text()), path, "s", fast=False)
         assert not fast[1] and not plain[1]
         assert _decoded(fast[0]) == _decoded(plain[0])
         for ep, rows in fast[0]:
@@ -252,8 +250,8 @@ def test_jsonl_fast_and_plain_paths_agree():
     recs[1]["messages"].append({"role": "tool", "content": "orphan", "error": True})
     for i, rec in enumerate(recs, start=1):
         line = json.dumps(rec).encode()
-        fast = ingest._jsonl_record(orjson.loads(line), i, "s", {}, fast=True)
-        plain = ingest._jsonl_record(json.loads(line), i, "s", {}, fast=False)
+        fast = jsonl.read_record(orjson.loads(line), i, "s", {}, fast=True)
+        plain = jsonl.read_record(json.loads(line), i, "s", {}, fast=False)
         assert _decoded([fast]) == _decoded([plain])
 
 
@@ -313,223 +311,3 @@ def test_tool_call_rows_keep_their_json_text():
         "error": False,
         "requestor": "assistant",
     }
-
-
-# ----------------------------------------------------------------------------- _fast_valid vs jsonschema
-
-_json_scalars = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=5)
-_json = st.recursive(
-    _json_scalars,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
-    max_leaves=8,
-)
-_name = st.text(min_size=1, max_size=8)
-_tool_call = st.fixed_dictionaries(
-    {"function": st.fixed_dictionaries({"name": _name, "arguments": st.text(max_size=10) | st.dictionaries(_name, _json, max_size=2)})},
-    optional={"id": st.text(max_size=6), "type": st.just("function")},
-)  # fmt: skip
-_message = st.fixed_dictionaries(
-    {"role": st.sampled_from(["system", "user", "assistant", "tool"])},
-    optional={
-        "content": st.none() | st.text(max_size=10),
-        "tool_calls": st.none() | st.lists(_tool_call, max_size=2),
-        "tool_call_id": st.text(max_size=6),
-        "name": st.text(max_size=6),
-        "error": st.booleans(),
-        "extra": _json,  # messages allow other keys
-    },
-)
-_tool = st.fixed_dictionaries(
-    {"type": st.just("function"), "function": st.fixed_dictionaries(
-        {"name": st.text(max_size=6)},
-        optional={"description": st.text(max_size=6), "parameters": st.dictionaries(_name, _json, max_size=2)})},
-)  # fmt: skip
-_record = st.fixed_dictionaries(
-    {
-        "task_id": st.text(max_size=6) | st.integers(-(2**70), 2**70),
-        "reward": st.integers(0, 1) | st.floats(0, 1),  # the documented range (schemas/episode.v1.json)
-        "messages": st.lists(_message, min_size=1, max_size=4),
-    },
-    optional={
-        "kind": st.just("episode"),
-        "episode_id": _name,
-        "domain": st.text(max_size=6),
-        "trial": st.integers(0, 2**70),
-        "seed": st.none() | st.integers(-(2**70), 2**70),
-        "success": st.booleans(),
-        "termination_reason": st.text(max_size=6),
-        "reference_actions": st.lists(
-            st.fixed_dictionaries(
-                {"name": st.text(max_size=6), "arguments": st.dictionaries(_name, _json, max_size=2)}
-            ),
-            max_size=2,
-        ),
-        "tools": st.lists(_tool, max_size=2),
-        "info": st.dictionaries(st.text(max_size=5), _json, max_size=3),
-    },
-)
-
-
-# anything goes below these keys: nothing to mutate there
-_FREE = {"info", "arguments", "parameters", "extra"}
-# values one type or one constraint away from what the schema wants somewhere
-NEAR_MISSES = [
-    -1,
-    0,
-    1,
-    1.0,
-    2.5,
-    True,
-    False,
-    "",
-    "x",
-    "function",
-    "episode",
-    "user",
-    None,
-    [],
-    {},
-    [{}],
-    {"f": 1},
-]
-_TRICKY = st.sampled_from(NEAR_MISSES)
-
-
-def _paths(v, path=()):
-    yield path
-    if path and path[-1] in _FREE:
-        return
-    if isinstance(v, dict):
-        for k, x in v.items():
-            yield from _paths(x, (*path, k))
-    elif isinstance(v, list):
-        for i, x in enumerate(v):
-            yield from _paths(x, (*path, i))
-
-
-@st.composite
-def _mutated(draw):
-    """A valid record with one or two changes where the schema has something to say: a value replaced (by a
-    near miss of another type, or any JSON), a key deleted, or a key added."""
-    rec = draw(_record)
-    for _ in range(draw(st.sampled_from([1, 1, 1, 2]))):
-        paths = list(_paths(rec))
-        path = draw(st.sampled_from([p for p in paths if len(p) <= 1]) | st.sampled_from(paths))
-        how = draw(st.sampled_from(["replace", "replace", "delete", "add"]))
-        target = rec
-        for p in path:
-            target = target[p]
-        if how == "add" or not path:
-            if isinstance(target, dict):
-                name = draw(
-                    st.sampled_from(["kind", "role", "function", "name", "arguments", "zz"])
-                    | st.text(max_size=4)
-                )
-                target[name] = draw(_TRICKY | _json)
-            continue
-        parent = rec
-        for p in path[:-1]:
-            parent = parent[p]
-        if how == "replace":
-            parent[path[-1]] = draw(_TRICKY | _json)
-        else:
-            del parent[path[-1]]
-    return rec
-
-
-_FAST_VALID_SETTINGS = settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))
-
-
-@_FAST_VALID_SETTINGS
-@given(_record)
-def test_fast_valid_accepts_generated_valid_records(rec):
-    assert _validator("episode.v1.json").is_valid(rec)
-    assert ingest._fast_valid(rec)
-
-
-@_FAST_VALID_SETTINGS
-@given(_mutated())
-def test_fast_valid_implies_jsonschema_valid(rec):
-    if ingest._fast_valid(copy.deepcopy(rec)):
-        assert _validator("episode.v1.json").is_valid(rec), rec
-
-
-def _full_record() -> dict:
-    rec = episode(
-        "full", kind="episode", domain="shop", trial=2, seed=7, success=True, termination_reason="done"
-    )
-    rec["reference_actions"] = [{"name": "get_order", "arguments": {"order_id": "#12"}}]
-    rec["tools"] = [
-        {"type": "function", "function": {"name": "get_order", "description": "d", "parameters": {}}}
-    ]
-    rec["info"] = {"env": "shop"}
-    rec["messages"][1].update(name="customer")
-    rec["messages"][3].update(error=False)
-    rec["messages"].append({"role": "assistant", "content": "done", "tool_calls": None})
-    rec["messages"].append(
-        {
-            "role": "assistant",
-            "tool_calls": [{"id": "c9", "type": "function", "function": {"name": "f", "arguments": {}}}],
-        }
-    )
-    return rec
-
-
-def test_fast_valid_implies_jsonschema_valid_for_every_single_change():
-    """Exhaustively: every value of a record using every schema key, replaced by each near miss, deleted, or
-    given an extra key; whenever _fast_valid says valid, jsonschema agrees."""
-    validator = _validator("episode.v1.json")
-    base = _full_record()
-    assert ingest._fast_valid(base) and validator.is_valid(base)
-    values = NEAR_MISSES
-    checked = declined = 0
-    for path in _paths(base):
-        changes = [("add", k) for k in ("kind", "role", "name", "zz")] + [("set", v) for v in values]
-        changes += [("del", None)] if path else []
-        for how, v in changes:
-            rec = copy.deepcopy(base)
-            target = rec
-            for p in path[:-1] if how != "add" else path:
-                target = target[p]
-            if how == "add":
-                if not isinstance(target, dict) or v in target:
-                    continue
-                target[v] = 1
-            elif how == "set" and path:
-                target[path[-1]] = copy.deepcopy(v)
-            elif how == "del":
-                del target[path[-1]]
-            else:
-                continue
-            checked += 1
-            if ingest._fast_valid(rec):
-                assert validator.is_valid(rec), (path, how, v)
-            elif validator.is_valid(rec):
-                declined += 1  # allowed (jsonschema decides), but should stay rare
-    assert checked > 500
-    assert declined < checked // 5
-
-
-@pytest.mark.parametrize(
-    "change",
-    [
-        # jsonschema takes 1.0 as an integer; the fast check leaves that to it
-        lambda r: r.update(trial=1.0),
-        lambda r: r.update(trial=True),
-        lambda r: r.update(reward=True),
-        lambda r: r.update(task_id=True),
-        lambda r: r.update(kind="episodes"),
-        lambda r: r.update(episode_id=""),
-        lambda r: r.update(extra=1),
-        lambda r: r.update(messages=[]),
-        lambda r: r["messages"][0].update(role=["user"]),  # unhashable
-        lambda r: r["messages"][2]["tool_calls"][0]["function"].update(name=""),
-        lambda r: r["messages"][2]["tool_calls"][0]["function"].pop("arguments"),
-        lambda r: r["messages"][2]["tool_calls"][0].update(type={"function": 1}),
-    ],
-)
-def test_fast_valid_declines_the_tricky_cases(change):
-    rec = episode("x")
-    assert ingest._fast_valid(rec)
-    change(rec)
-    assert not ingest._fast_valid(rec)

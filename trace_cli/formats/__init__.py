@@ -1,7 +1,9 @@
-"""Writers for the formats rollouts leave the store in (τ²-bench results JSON, OpenAI-format JSONL).
+"""The formats rollouts enter and leave the store in: τ²-bench results JSON and OpenAI-format JSONL.
 
-They are the inverses of `trace ingest tau2|jsonl`: pure functions from stored episodes (as
-`trace_cli.store.rollouts.read_episodes` returns them) to documents, plus one atomic file writer.
+Readers (`tau2_read`, `jsonl.parse`; `trace ingest`) turn a file into episode rows and bad records (JSON
+handling in `codec`, the schema check in `schema_check`); writers (`tau2`, `jsonl.lines`; `trace export`) are
+their inverses: pure functions from stored episodes (as `trace_cli.store.rollouts.read_episodes` returns them)
+to documents. This module holds the export's output checks and one atomic file writer.
 """
 
 from __future__ import annotations

@@ -1,0 +1,417 @@
+"""τ²-bench results (`Results`: info, tasks, simulations; one JSON file or a run directory) -> episode rows.
+
+The inverse of `formats.tau2` (export). Every problem names the run and the field; runs τ²-bench leaves out of
+its metrics (infrastructure errors, no reward) are excluded (`RecordError.excluded`), not failed. Trials are
+numbered per task when τ²-bench leaves them null; a missing task id is taken from the run's task, the file's
+simulation_index or its only task, else derived from the first user message. The policy becomes the system
+message, reasoning stays on its message, costs and timestamps go to `info`. Parsing is orjson's with `json`
+as the exact fallback (see `formats.codec`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from trace_cli.errors import InputError
+from trace_cli.formats.codec import (
+    NOT_PARSED,
+    Inexact,
+    Parsed,
+    RecordError,
+    check_raw,
+    encoders,
+    json_document,
+    type_name,
+)
+from trace_cli.progress import track
+from trace_cli.store.metrics import is_success, reward_problem
+from trace_cli.store.rollouts import tool_call_tuples
+
+
+def _messages(raw: list[Any], where: str) -> tuple[list[dict[str, Any]], list[str]]:
+    problems: list[str] = []
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict):
+            problems.append(f"messages[{i}]: expected an object, got {type_name(m)}")
+            continue
+        role = m.get("role")
+        if role not in ("system", "user", "assistant", "tool"):
+            problems.append(f"messages[{i}].role: {role!r} is not one of system/user/assistant/tool")
+            continue
+        content = m.get("content")
+        if content is not None and not isinstance(content, str):
+            problems.append(f"messages[{i}].content: expected a string or null, got {type_name(content)}")
+        msg: dict[str, Any] = {"role": role, "content": content}
+        reasoning = _reasoning(m)
+        if reasoning:
+            msg["reasoning"] = reasoning
+        if role == "tool":
+            msg["tool_call_id"] = m.get("id")
+            msg["error"] = bool(m.get("error"))
+            if m.get("requestor"):
+                msg["requestor"] = m["requestor"]
+        calls = m.get("tool_calls")
+        if calls is not None:
+            if not isinstance(calls, list):
+                problems.append(f"messages[{i}].tool_calls: expected an array, got {type_name(calls)}")
+            else:
+                norm = []
+                for k, tc in enumerate(calls):
+                    if not isinstance(tc, dict) or not isinstance(tc.get("name"), str):
+                        problems.append(f"messages[{i}].tool_calls[{k}].name: missing or not a string")
+                        continue
+                    args = tc.get("arguments", {})
+                    if not isinstance(args, dict):
+                        problems.append(
+                            f"messages[{i}].tool_calls[{k}].arguments: expected an object, got {type_name(args)}"
+                        )
+                    entry = {
+                        "id": tc.get("id"),
+                        "type": "function",
+                        "function": {"name": tc["name"], "arguments": args},
+                    }
+                    if tc.get("requestor"):
+                        entry["requestor"] = tc["requestor"]
+                    norm.append(entry)
+                if norm:
+                    msg["tool_calls"] = norm
+        if role == "user" and m.get("tool_calls"):
+            msg["requestor"] = "user"
+        out.append(msg)
+    return out, problems
+
+
+def _reasoning(m: dict[str, Any]) -> str | None:
+    """The reasoning text of a τ²-bench message: its own field, or the provider response kept in raw_data
+    (τ²-bench stores litellm's response there: choices[0].message.reasoning_content)."""
+    for key in ("reasoning", "reasoning_content"):
+        if isinstance(m.get(key), str) and m[key]:
+            return m[key]
+    raw = m.get("raw_data")
+    if isinstance(raw, dict):
+        choices = raw.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            msg = choices[0].get("message")
+            if isinstance(msg, dict):
+                for key in ("reasoning_content", "reasoning"):
+                    if isinstance(msg.get(key), str) and msg[key]:
+                        return msg[key]
+    return None
+
+
+def _mapping(v: Any, path: Path, key: str) -> dict[str, Any]:
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise InputError(f"{path}: {key}: expected an object, got {type_name(v)}")
+    return v
+
+
+# Run-level fields kept in an episode's `info`: costs, usage, timing (τ²-bench's SimulationRun).
+_RUN_INFO = (
+    "agent_cost",
+    "user_cost",
+    "agent_usage",
+    "start_time",
+    "end_time",
+    "duration",
+    "timestamp",
+    "mode",
+)
+
+
+def _task_id_for(s: dict[str, Any], tasks: dict[str, Any], by_index: dict[str, Any]) -> tuple[Any, bool]:
+    """A task id for a run that has none: the run's embedded task, the file's simulation_index, the file's
+    only task; else a stable id derived from the first user message (runs of one task share it), marked in
+    `info.task_id_derived` and counted in the summary."""
+    task = s.get("task")
+    if isinstance(task, dict) and isinstance(task.get("id"), str | int):
+        return task["id"], False
+    entry = by_index.get(s.get("id"))
+    if entry is not None and isinstance(entry.get("task_id"), str | int):
+        return entry["task_id"], False
+    if len(tasks) == 1:
+        return next(iter(tasks)), False
+    first = next(
+        (
+            m.get("content")
+            for m in s.get("messages") or []
+            if isinstance(m, dict) and m.get("role") == "user"
+        ),
+        None,
+    )
+    basis = first if isinstance(first, str) and first else str(s.get("id"))
+    return "derived-" + hashlib.sha256(basis.encode("utf-8")).hexdigest()[:12], True
+
+
+def _tool_list(defs: Any) -> Any:
+    """τ²-bench's `tool_defs` ({name: ToolSignature{name, doc, params}}) as OpenAI tools; other shapes as they are."""
+    if not isinstance(defs, dict) or not all(isinstance(v, dict) for v in defs.values()):
+        return defs
+    out = []
+    for name, sig in defs.items():
+        fn: dict[str, Any] = {"name": sig.get("name") or name, "description": sig.get("doc") or ""}
+        if isinstance(sig.get("params"), dict):
+            fn["parameters"] = sig["params"]
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def _tasks(raw: Any, path: Path, fast: bool = False) -> dict[str, Any]:
+    """Task id -> task; the parts ingest reads (evaluation_criteria.actions) are type-checked."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, list):
+        raise InputError(f"{path}: tasks: expected an array, got {type_name(raw)}")
+    tasks: dict[str, Any] = {}
+    for i, t in enumerate(raw):
+        if not isinstance(t, dict) or "id" not in t:
+            continue
+        if fast and type(t["id"]) is float:
+            raise Inexact
+        where = f"{path}: tasks[{i}] (id {t['id']})"
+        ec = _mapping(t.get("evaluation_criteria"), path, f"tasks[{i}] (id {t['id']}).evaluation_criteria")
+        acts = ec.get("actions")
+        if acts is not None and (not isinstance(acts, list) or not all(isinstance(a, dict) for a in acts)):
+            raise InputError(f"{where}.evaluation_criteria.actions: expected an array of objects")
+        tasks[str(t["id"])] = t
+    return tasks
+
+
+def run_dir(path: Path) -> Path | None:
+    """The run directory when `path` is τ²-bench's per-run directory format (results.json + simulations/),
+    given as the directory or as its results.json; None for the single-file format."""
+    if path.is_dir():
+        return path
+    if path.name == "results.json" and (path.parent / "simulations").is_dir():
+        return path.parent
+    return None
+
+
+def _load_dir(run: Path, source: str) -> Parsed:
+    """τ²-bench's directory format (Results.save(format="dir")): results.json holds info and tasks (and a
+    simulation_index), simulations/<id>.json one run each, read in sorted order as τ²-bench's loader does."""
+    meta_path = run / "results.json"
+    sims_dir = run / "simulations"
+    if not meta_path.is_file():
+        raise InputError(f"{run}: not a τ²-bench run directory (no results.json)")
+    if not sims_dir.is_dir():
+        raise InputError(f"{run}: results.json has no simulations/ directory beside it")
+    meta = json_document(meta_path.read_bytes(), meta_path, "a τ²-bench results.json")
+    if not isinstance(meta, dict):
+        raise InputError(f"{meta_path}: expected a JSON object, got {type_name(meta)}")
+    files = sorted(sims_dir.glob("*.json"))
+    sims = [json_document(f.read_bytes(), f, "a τ²-bench simulation") for f in files]
+    index = meta.get("simulation_index")
+    if isinstance(index, list):
+        want = {e.get("id") for e in index if isinstance(e, dict)}
+        have = {s.get("id") for s in sims if isinstance(s, dict)}
+        if want - have:
+            missing = sorted(str(x) for x in want - have)[:5]
+            raise InputError(f"{run}: simulation_index lists runs with no file in simulations/: {missing}")
+        if have - want:
+            extra = sorted(str(x) for x in have - want)[:5]
+            raise InputError(f"{run}: simulations/ holds runs missing from simulation_index: {extra}")
+    doc = {**meta, "simulations": sims}
+    return records(doc, run, source, fast=False)
+
+
+def parse(path: Path, source: str) -> Parsed:
+    """Good records as (episode row with its JSON columns encoded, tool-call rows as tuples), and the bad ones."""
+    run = run_dir(path)
+    if run is not None:
+        return _load_dir(run, source)
+    data = path.read_bytes()
+    if not data or data.isspace():  # (not data.strip(): that copies the file)
+        raise InputError(f"{path}: the file is empty; expected a τ²-bench results JSON")
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        doc = NOT_PARSED
+    if doc is not NOT_PARSED:
+        del data  # not needed to build the records (the rare redo below reads the file again)
+        try:
+            return records(doc, path, source, fast=True)
+        except (Inexact, InputError):
+            pass  # redone with `json` below: exact values, and every error exactly as `json` reports it
+        del doc
+        data = path.read_bytes()
+    doc = json_document(
+        data,
+        path,
+        "a τ²-bench results JSON",
+        hint="a τ²-bench results file is one JSON object with `info`, `tasks` and `simulations`",
+    )
+    del data
+    return records(doc, path, source, fast=False)
+
+
+def records(doc: Any, path: Path, source: str, *, fast: bool) -> Parsed:
+    """A results document -> (good records, bad ones). `fast`: `doc` was parsed by orjson, so raise `Inexact`
+    wherever orjson may have changed a value that is stored or reported (see `formats.codec`)."""
+    if not isinstance(doc, dict) or "simulations" not in doc:
+        got = sorted(doc)[:6] if isinstance(doc, dict) else type_name(doc)
+        raise InputError(
+            f"{path}: not a τ²-bench results file: expected an object with `simulations` (got {got})"
+        )
+    sims = doc["simulations"]
+    if not isinstance(sims, list):
+        raise InputError(f"{path}: `simulations` must be an array, got {type_name(sims)}")
+    if not sims:
+        raise InputError(f"{path}: `simulations` is empty; nothing to ingest")
+    info = _mapping(doc.get("info"), path, "info")
+    env_info = _mapping(info.get("environment_info"), path, "info.environment_info")
+    domain = env_info.get("domain_name")
+    if domain is not None and not isinstance(domain, str):
+        raise InputError(
+            f"{path}: info.environment_info.domain_name: expected a string, got {type_name(domain)}"
+        )
+    tools = _tool_list(env_info.get("tool_defs"))
+    agent_llm = _mapping(info.get("agent_info"), path, "info.agent_info").get("llm")
+    tasks = _tasks(doc.get("tasks"), path, fast)
+    # the tool-call rows encode parts of the messages, which `enc` has checked already: no checks needed
+    enc, dumps = encoders(fast)
+    tools_json = enc(tools)  # one tool list for the whole file
+    refs_json: dict[str, Any] = {}  # task id -> its encoded reference actions (shared by the task's trials)
+    good: list[tuple[dict, list[tuple]]] = []
+    bad: list[RecordError] = []
+    seen: dict[str, int] = {}
+    trials_seen: set[tuple[str, int]] = set()
+    env_policy = env_info.get("policy") if isinstance(env_info.get("policy"), str) else None
+    by_index = {
+        e["id"]: e
+        for e in doc.get("simulation_index") or []
+        if isinstance(e, dict) and isinstance(e.get("id"), str)
+    }
+    for idx, s in enumerate(track(sims, total=len(sims), description="ingest tau2")):
+        sid = s.get("id") if isinstance(s, dict) else None
+        if fast and isinstance(s, dict):
+            if float in (type(sid), type(s.get("task_id")), type(s.get("trial")), type(s.get("seed"))):
+                raise Inexact  # perhaps an integer beyond 64 bits: ids and messages must show it exactly
+        where = f"simulations[{idx}]" + (f" (id {sid})" if sid else "")
+        if not isinstance(s, dict):
+            if fast:
+                check_raw(s)
+            bad.append(RecordError(where, [f"expected an object, got {type_name(s)}"], s))
+            continue
+        problems: list[str] = []
+        if not isinstance(sid, str) or not sid:
+            problems.append("id: missing or not a string")
+        elif sid in seen:
+            problems.append(f"id: duplicate of simulations[{seen[sid]}]")
+        task_id = s.get("task_id")
+        derived_task = False
+        if task_id is None:
+            task_id, derived_task = _task_id_for(s, tasks, by_index)
+        if not isinstance(task_id, str | int) or isinstance(task_id, bool):
+            problems.append(f"task_id: not a string (got {type_name(task_id)})")
+        trial = s.get("trial")
+        if trial is not None and (not isinstance(trial, int) or isinstance(trial, bool)):
+            problems.append(f"trial: expected an integer or null, got {type_name(trial)}")
+        seed = s.get("seed")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            problems.append(f"seed: expected an integer or null, got {type_name(seed)}")
+        ri = s.get("reward_info")
+        reward = None
+        if ri is not None and not isinstance(ri, dict):
+            problems.append(f"reward_info: expected an object, got {type_name(ri)}")
+        elif isinstance(ri, dict) and ri.get("reward") is not None:
+            if not isinstance(ri["reward"], int | float) or isinstance(ri["reward"], bool):
+                problems.append(f"reward_info.reward: expected a number, got {type_name(ri['reward'])}")
+            else:
+                reward = float(ri["reward"])
+                if bad_reward := reward_problem(reward):
+                    problems.append(f"reward_info.reward: {bad_reward}")
+        term = s.get("termination_reason")
+        if term is not None and not isinstance(term, str):
+            problems.append(f"termination_reason: expected a string, got {type_name(term)}")
+        raw_msgs = s.get("messages")
+        msgs: list[dict] = []
+        if raw_msgs is not None and not isinstance(raw_msgs, list):
+            problems.append(f"messages: expected an array, got {type_name(raw_msgs)}")
+        elif raw_msgs:
+            msgs, mp = _messages(raw_msgs, where)
+            problems += mp
+        if problems:
+            if fast:
+                check_raw(s)
+            bad.append(RecordError(where, problems, s))
+            continue
+        # τ²-bench leaves these runs out of its metrics (agent_metrics.get_metrics_df drops infrastructure
+        # errors; a run without a reward has nothing to score): excluded, counted, listed, never fatal.
+        reason = None
+        if term == "infrastructure_error":
+            reason = (
+                "termination_reason is infrastructure_error (τ²-bench excludes these runs from its metrics)"
+            )
+        elif reward is None:
+            reason = "no reward_info.reward (the run was not evaluated; τ²-bench cannot score it)"
+        if reason is not None:
+            if fast:
+                check_raw(s)
+            bad.append(RecordError(where, [reason], s, excluded=True))
+            continue
+        if trial is None:  # τ²-bench allows it (grouping is by task only): number the task's runs in order
+            trial = next(t for t in range(len(sims) + 1) if (str(task_id), t) not in trials_seen)
+        trials_seen.add((str(task_id), trial))
+        policy = s.get("policy") if isinstance(s.get("policy"), str) else env_policy
+        if policy and not any(m["role"] == "system" for m in msgs):
+            msgs = [{"role": "system", "content": policy}, *msgs]
+        task = tasks.get(str(task_id))
+        if str(task_id) in refs_json:
+            ref_json = refs_json[str(task_id)]
+        else:
+            ref_actions = None
+            if task is not None:
+                acts = (task.get("evaluation_criteria") or {}).get("actions") or None
+                if acts:
+                    ref_actions = [
+                        {
+                            "name": a.get("name"),
+                            "arguments": a.get("arguments", {}),
+                            "requestor": a.get("requestor"),
+                        }
+                        for a in acts
+                    ]
+            ref_json = refs_json[str(task_id)] = enc(ref_actions)
+        extra = {
+            **{k: s[k] for k in _RUN_INFO if s.get(k) is not None},
+            "agent_llm": agent_llm,
+            "reward_breakdown": {
+                k: v for k, v in ri.items() if k in ("db_check", "reward_basis", "reward_breakdown")
+            },
+            "communicate_info": ((task or {}).get("evaluation_criteria") or {}).get("communicate_info"),
+        }
+        if derived_task:
+            extra["task_id_derived"] = True
+        ep = {
+            "episode_id": sid,
+            "source": source,
+            "env": "tau2",
+            "domain": domain,
+            "task_id": str(task_id),
+            "task_family": None,
+            "trial": trial,
+            "seed": seed,
+            "reward": reward,
+            "success": is_success(reward),
+            "termination_reason": term,
+            "n_turns": sum(1 for m in msgs if m["role"] == "assistant"),
+            "messages": enc(msgs),
+            "tools": tools_json,
+            "reference_actions": ref_json,
+            "info": enc(extra),
+        }
+        rows = tool_call_tuples(sid, msgs, dumps=dumps)
+        ep["n_tool_calls"] = len(rows)
+        ep["task_id_derived"] = (
+            derived_task  # not a column (tables take the schema's fields): for the summary
+        )
+        seen[sid] = idx
+        good.append((ep, rows))
+    return good, bad
