@@ -37,6 +37,9 @@ class TableSpec:
     file: str
     columns: str
 
+    def __post_init__(self) -> None:
+        _ = self.fields  # a malformed declaration fails when the module is imported, not when it is used
+
     @cached_property
     def fields(self) -> tuple[tuple[str, str], ...]:
         out = []
