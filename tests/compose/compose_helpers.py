@@ -4,12 +4,9 @@ environments (synthetic templates on the shop tools) registered under test names
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 import tinymodel  # noqa: E402
 
 CAPS = {"structured_data_reasoning": "cx-sdr", "tool_calling_precision": "cx-tcp"}

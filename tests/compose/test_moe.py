@@ -62,9 +62,9 @@ def test_only_gates_are_trainable_and_gates_fit_their_base(loaded, moe_art):
 
 
 def _episode(env, seed):
+    from trace_cli.agents.scripted import ReferencePolicy
     from trace_cli.envs.registry import make_env
     from trace_cli.envs.rollout import rollout
-    from trace_cli.agents.scripted import ReferencePolicy
 
     return rollout(ReferencePolicy(), lambda: make_env(env), [(seed, 0)], max_turns=20)[0]
 

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import tinymodel
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from trace_testing import run_cli  # noqa: E402
 
 from trace_cli.models.importer import META_FILE, renders_tools  # noqa: E402

@@ -7,15 +7,11 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 import tinymodel  # noqa: E402
 from trace_testing import BIN, run_cli  # noqa: E402
 

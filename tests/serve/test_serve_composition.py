@@ -11,13 +11,9 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compose"))
 from compose_helpers import composed_store, tiny  # noqa: E402, F401
 from trace_testing import BIN, run_cli  # noqa: E402
 

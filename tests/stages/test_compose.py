@@ -5,14 +5,9 @@ input exits 2 with nothing written (one adapter, unknown adapter, different base
 # ruff: noqa: F811  (pytest fixtures imported from compose_helpers)
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import yaml
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compose"))
 from compose_helpers import (  # noqa: E402, F401
     CAPS,
     TARGET,
@@ -166,7 +161,6 @@ def test_bad_input_exit_2(composed_store, tiny, tmp_path):
     )
     assert "no adapter artifact named or with id 'nope'" in out
     # an adapter on another base model (a copy of the tiny model with other weights)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
     import tinymodel
 
     other = tinymodel.noisy_copy(tiny, tmp_path / "other", seed=3)

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 import tinymodel  # noqa: E402
 from trace_testing import run_cli, snapshot  # noqa: E402
 

@@ -14,8 +14,6 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 from grpo_helpers import CAPABILITY, ENV_VARS, TEST_ENV, grpo_config, register_parity, set_env, tiny_model  # noqa: E402
 from trace_testing import BIN, REPO, run_cli, snapshot  # noqa: E402
 

@@ -6,12 +6,8 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 import tinymodel  # noqa: E402
 
 from trace_cli.errors import UsageError  # noqa: E402
