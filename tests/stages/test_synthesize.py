@@ -16,6 +16,7 @@ from trace_testing import TAU2_FILES, run_cli
 
 import trace_cli.stages.synthesize as synth
 from trace_cli.config.schemas import validate
+from trace_cli.envs.artifact import read_environment
 from trace_cli.envs.registry import make_env
 from trace_cli.envs.shop import TOOL_SCHEMAS
 from trace_cli.errors import CheckFailed, UsageError
@@ -299,7 +300,7 @@ def test_calibration_adjusts_difficulty_then_passes(st, monkeypatch):
         st,
         name="tcp",
     ).main
-    doc = synth.read_environment(art)
+    doc = read_environment(art)
     att = doc["calibration"]["attempts"]
     assert [a["params"]["level"] for a in att] == [2, 3] and att[0]["next"] == "harder" and att[1]["in_band"]
     assert doc["params"]["level"] == 3 and art.summary["calibration_attempts"] == 2
@@ -333,7 +334,7 @@ def test_target_from_tau2_rollouts_keeps_its_schemas(retail_store, in_band):
             st,
             name=f"tau2-{cap}",
         ).main
-        doc = synth.read_environment(art)
+        doc = read_environment(art)
         assert doc["target"]["kind"] == "rollouts" and doc["target"]["artifact"].startswith(
             "store://rollouts/"
         )
@@ -348,7 +349,7 @@ def test_target_from_tau2_rollouts_keeps_its_schemas(retail_store, in_band):
         assert [t["function"]["parameters"] for t in env.reset(5).tools] == [
             t["function"]["parameters"] for t in doc["tools"]
         ]
-    assert synth.read_environment(st.resolve("environment/tau2-structured_data_reasoning"))["target"][
+    assert read_environment(st.resolve("environment/tau2-structured_data_reasoning"))["target"][
         "missing"
     ] == ["list_user_orders"]
     assert any(a.kind == "rollouts" for a in [st.resolve("rollouts/tau2-retail")])
@@ -425,7 +426,7 @@ def test_llm_authored_module_rejections_kept_then_accepted(st, in_band):
         ).main
     finally:
         llm.close()
-    doc = synth.read_environment(art)
+    doc = read_environment(art)
     assert doc["source"] == "module" and doc["module"] == "module.py"
     mods = doc["authoring"]["modules"]
     assert [m["accepted"] for m in mods] == [False, False, True]
@@ -470,7 +471,7 @@ def test_llm_author_all_rejected_falls_back_to_template_or_fails(st, in_band):
         art = execute(
             "synthesize", {**base, "llm": {"base_url": llm.url, "model": "fake", "attempts": 2}}, st
         ).main
-        doc = synth.read_environment(art)
+        doc = read_environment(art)
         assert doc["source"] == "template" and doc["authoring"]["fallback"] == "template"
         assert [m["accepted"] for m in doc["authoring"]["modules"]] == [False, False]
         with pytest.raises(CheckFailed, match="rejected"):
@@ -560,7 +561,7 @@ def _authored(st, in_band) -> object:
 
 
 def test_a_crafted_environment_artifact_cannot_point_outside_or_swap_its_module(st, in_band, tmp_path):
-    import trace_cli.envs.registry as registry
+    import trace_cli.envs.artifact as artifact
 
     art = _authored(st, in_band)
     outside = tmp_path / "outside.py"
@@ -571,11 +572,11 @@ def test_a_crafted_environment_artifact_cannot_point_outside_or_swap_its_module(
         (str(outside), "not a file inside the artifact"),
         ("../../../outside.py", "not a file inside"),
     ):
-        registry._MODULE_FACTORIES.clear()
+        artifact.MODULE_FACTORIES.clear()
         doc_path.write_text(yaml.safe_dump({**doc, "module": module}))
         with pytest.raises(UsageError, match=why):
             make_env("store://environment/authored", store=st)
-    registry._MODULE_FACTORIES.clear()
+    artifact.MODULE_FACTORIES.clear()
     doc_path.write_text(yaml.safe_dump({**doc, "authoring": {**doc["authoring"], "sandbox": {"cpu_s": 1e9}}}))
     (art.path / doc["module"]).write_text(GOOD_MODULE + "\n# changed after commit\n")
     with pytest.raises(UsageError, match="does not match the hash"):
@@ -597,7 +598,7 @@ def test_tiny_hf_model_calibration_path_runs(st):
     }
     try:
         art = execute("synthesize", cfg, st).main
-        attempts = synth.read_environment(art)["calibration"]["attempts"]
+        attempts = read_environment(art)["calibration"]["attempts"]
     except CheckFailed as e:  # an untrained model is far below the band: the numbers come back
         attempts = e.details["attempts"]
         assert "attempt 1" in e.message
@@ -620,7 +621,7 @@ def test_hf_author_untrained_model_gives_no_module_and_falls_back(st, in_band):
         },
         st,
     ).main
-    doc = synth.read_environment(art)
+    doc = read_environment(art)
     assert doc["source"] == "template" and doc["authoring"]["fallback"] == "template"
     assert doc["authoring"]["author"] == "hf" and not doc["authoring"]["modules"][0]["accepted"]
     assert doc["authoring"]["modules"][0]["reason"].startswith("no usable module")

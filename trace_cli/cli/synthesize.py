@@ -92,9 +92,9 @@ SYNTHESIZE = StageOptions(
 def synthesize(name, force, as_json, store_dir, **flags):
     """Synthesize, check and calibrate one training environment per diagnosed capability."""
     from trace_cli.config.loading import load_artifact_yaml
+    from trace_cli.envs.artifact import read_environment
     from trace_cli.errors import CheckFailed, UsageError
     from trace_cli.stages.base import execute
-    from trace_cli.stages.synthesize import read_environment
 
     layers = SYNTHESIZE.merge(flags)
     SYNTHESIZE.check(layers, later=("capability",))  # a capability each run, below

@@ -42,9 +42,10 @@ def describe(capability: str, env_ref: Any, store) -> str:
     """The capability's description: its environment artifact, else the diagnosis it came from, else the
     built-in catalogue, else the name in words."""
     if isinstance(env_ref, str) and env_ref.startswith("store://environment/"):
+        from trace_cli.envs.artifact import read_environment
+
         try:
-            env = store.resolve(env_ref, kind="environment")
-            doc = yaml.safe_load((env.path / "environment.yaml").read_text(encoding="utf-8")) or {}
+            doc = read_environment(store.resolve(env_ref, kind="environment"))
         except Exception:  # noqa: BLE001 - a gone environment only costs the description
             doc = {}
         if doc.get("description"):

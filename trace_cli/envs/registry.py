@@ -149,43 +149,12 @@ def _check_params(name: str, factory: EnvFactory, params: dict[str, Any]) -> Non
             raise UsageError(f"environment {name!r} has no parameter '{key}'; known parameters: {known}")
 
 
-_MODULE_FACTORIES: dict[tuple[str, str], Any] = {}
-
-
-def _module_source(art: Any, module: Any) -> str:
-    """The module's source, only if it is a file inside the artifact whose content the manifest hashes."""
-    import hashlib
-
-    if not isinstance(module, str) or not module:
-        raise UsageError(f"{art.uri}: environment.yaml has no module file name")
-    path = (art.path / module).resolve()
-    if not path.is_relative_to(art.path.resolve()) or path.is_symlink():
-        raise UsageError(
-            f"{art.uri}: the module {module!r} is not a file inside the artifact; refusing to run it"
-        )
-    rel = path.relative_to(art.path.resolve()).as_posix()
-    listed = {f["path"]: f["sha256"] for f in art.manifest.get("files", [])}
-    if rel not in listed:
-        raise UsageError(
-            f"{art.uri}: the module {rel} is not listed in the artifact's manifest; refusing to run it"
-        )
-    data = path.read_bytes()
-    if hashlib.sha256(data).hexdigest() != listed[rel]:
-        raise UsageError(
-            f"{art.uri}: the module {rel} does not match the hash in the manifest (modified after commit?); "
-            "refusing to run it (see `trace store verify`)"
-        )
-    return data.decode("utf-8")
-
-
 def _load_from_store(store: Any, ref: str, **params: Any) -> Environment:
     """Build a synthesized environment from an `environment` artifact: `store://environment/NAME_OR_ID`
-    (or a bare NAME_OR_ID). Reads environment.yaml and instantiates its template with its params and tool
-    schemas, or runs its module in the sandbox; keyword `params` override the stored ones."""
-    import json
+    (or a bare NAME_OR_ID); keyword `params` override the stored ones (see `trace_cli.envs.artifact`)."""
     from pathlib import Path
 
-    from trace_cli.config.loading import load_artifact_yaml
+    from trace_cli.envs.artifact import load_environment
 
     if isinstance(store, (str, Path)):
         from trace_cli.store import Store
@@ -193,30 +162,7 @@ def _load_from_store(store: Any, ref: str, **params: Any) -> Environment:
         store = Store(store)
     if not hasattr(store, "resolve"):
         raise NotFoundError(f"environment artifact {ref!r} not found: {store!r} is not a store")
-    art = store.resolve(ref, kind="environment")
-    doc = load_artifact_yaml(art.path / "environment.yaml")
-    # The stored params are the effective knob values (reproducible even if a template's levels change);
-    # asking for another `level` means that level's knobs, so the stored ones are dropped then.
-    merged = dict(params) if "level" in params else {**(doc.get("params") or {}), **params}
-    max_turns = merged.pop("max_turns", doc.get("max_turns", 12))
-    if doc.get("source") == "template":
-        from trace_cli.envs.synthetic import get_template
-
-        tools = {t["function"]["name"]: t for t in doc.get("tools") or []}
-        return get_template(doc["template"])(tools=tools, max_turns=max_turns, **merged)
-    if doc.get("source") == "module":
-        from trace_cli.envs.sandbox import module_env_factory
-
-        key = (str(art.path), json.dumps(merged, sort_keys=True, default=str))
-        if key not in _MODULE_FACTORIES:  # one sandbox worker per artifact and params, shared by instances
-            # The sandbox limits are this process's defaults, never the artifact's (a crafted artifact must
-            # not raise its own limits), and the module is a file of the artifact that its manifest hashes.
-            source = _module_source(art, doc.get("module"))
-            _MODULE_FACTORIES[key] = module_env_factory(source, merged)
-        return _MODULE_FACTORIES[key]()
-    raise UsageError(
-        f"{art.uri}: environment.yaml has unknown source {doc.get('source')!r} (expected template or module)"
-    )
+    return load_environment(store.resolve(ref, kind="environment"), **params)
 
 
 def make_env(ref: str | dict[str, Any], *, store: Any = None, **params: Any) -> Environment:

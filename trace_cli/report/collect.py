@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from trace_cli.config import safe_yaml
+from trace_cli.envs.artifact import read_environment
 from trace_cli.store import Store
 
 
@@ -78,7 +79,7 @@ def calibrations(store: Store, only: set[str] | None = None) -> list[dict[str, A
     for art in store.list("environment"):
         if not _keep(art, names, only):
             continue
-        doc = _yaml(art.path / "environment.yaml")
+        doc = read_environment(art)
         cal = doc.get("calibration") or {}
         attempts = []
         f = art.path / "calibration.parquet"

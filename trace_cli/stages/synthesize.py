@@ -8,36 +8,26 @@ N seeds × K rollouts of the policy model land in band (mean success in [0.2, 0.
 <= 20 % all-1 groups); otherwise difficulty is adjusted and measured again, up to `max_attempts` times, and
 the stage fails (exit 1) with the numbers of every attempt.
 
-Output: an `environment` artifact: environment.yaml (schema environment.v1.json), calibration.parquet (view
-`calibration`, one row per attempt), samples.jsonl (episodes from the last attempt), and for LLM authors
-the accepted module (module.py) plus every rejected one (modules/) with the reason.
+The stage only orchestrates: the target's tools (`resolve_target`), the candidate (template, or the module
+an LLM author writes: `envs.synthetic.author`), the checks (`envs.synthetic.checks.admit`), calibration
+(`envs.synthetic.calibrate`) and the artifact, whose files `envs.artifact` owns (environment.yaml,
+calibration.parquet, samples.jsonl, module.py and modules/ for LLM authors).
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-import yaml
-
 from trace_cli.config.loading import load_artifact_yaml
-from trace_cli.config.schemas import validate
 from trace_cli.errors import CheckFailed, NotFoundError, UsageError
 from trace_cli.stages.base import Prepared, checked_config
 from trace_cli.store import Artifact, Store
-from trace_cli.store.tables import CALIBRATION
 
 NAME = "synthesize"
 OUTPUTS = {"environment": "environment"}
-ENV_FILE = "environment.yaml"
-SAMPLES_FILE = "samples.jsonl"
-MODULE_FILE = "module.py"
-MODULES_DIR = "modules"
-
-CALIBRATION_FILE, CALIBRATION_SCHEMA = CALIBRATION.file, CALIBRATION.schema
 
 
 # ------------------------------------------------------------------------------------------------ target
@@ -159,7 +149,7 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
     return p
 
 
-# ------------------------------------------------------------------------------------------------ pieces
+# ------------------------------------------------------------------------------------------------ run
 
 
 def load_calibration_policy(model, store: Store, cfg: dict[str, Any]):
@@ -176,313 +166,160 @@ def load_calibration_policy(model, store: Store, cfg: dict[str, Any]):
     )
 
 
-def _reseed(policy: Any, seed: int) -> Any:
-    if hasattr(policy, "seed"):
-        policy.seed = seed
-    if hasattr(policy, "_round"):
-        policy._round = 0
-    return policy
+@dataclass
+class Candidate:
+    """What is checked and calibrated: the capability's template, or the module an LLM author wrote."""
+
+    factory_for: Callable[[dict[str, Any]], Callable[[], Any]]  # params -> environment factory
+    params: dict[str, Any]  # where calibration starts
+    harder: Callable[[dict[str, Any]], dict[str, Any] | None] = lambda p: None  # a module has no steps
+    easier: Callable[[dict[str, Any]], dict[str, Any] | None] = lambda p: None
+    module_src: str | None = None
+    modules: list[dict[str, Any]] = field(default_factory=list)  # every module the author wrote
+    fallback: str | None = None  # "template" when every authored module was rejected
+    workers: list[Any] = field(default_factory=list)  # sandbox workers of the module, closed at the end
 
 
-def check_tools(env, target_tools: dict[str, Any], *, fallback_ok: bool) -> dict[str, Any]:
-    """Every tool the environment exposes equals the target's (name + parameters), or is an allowed fallback."""
-    from trace_cli.envs.shop import TOOL_SCHEMAS
+def _candidate(cfg: dict[str, Any], store: Store, prepared: Prepared, limits: Any) -> Candidate:
+    from trace_cli.envs.sandbox import module_env_factory
+    from trace_cli.envs.synthetic import TEMPLATES
+    from trace_cli.envs.synthetic.author import author_module
 
-    obs = env.reset(0)
-    bad, missing = [], []
-    for t in obs.tools:
-        fn = t.get("function", {})
-        name = fn.get("name")
-        if name in target_tools:
-            want = target_tools[name]["function"]
-            if (fn.get("name"), fn.get("parameters")) != (want["name"], want.get("parameters")):
-                bad.append(f"{name}: the argument schema differs from the target's")
-        elif (
-            fallback_ok
-            and name in TOOL_SCHEMAS
-            and fn.get("parameters") == TOOL_SCHEMAS[name]["function"]["parameters"]
-        ):
-            missing.append(name)
-        else:
-            bad.append(f"{name}: not a tool of the target")
-    msg = (
-        (
-            f"{len(obs.tools)} tools equal the target's"
-            + (f" ({len(missing)} shop fallbacks: {', '.join(missing)})" if missing else "")
+    cap, target = cfg["capability"], prepared.extra["target"]
+    module_src, modules, fallback = None, [], None
+    if cfg["author"] != "template":
+        module_src, modules, fallback = author_module(
+            cfg,
+            store,
+            capability_doc=prepared.extra["capability"],
+            diagnosis_doc=prepared.extra["diagnosis_doc"],
+            target=target,
+            limits=limits,
+            has_template=cap in TEMPLATES,
         )
-        if not bad
-        else "; ".join(bad)
+    if module_src is None:
+        cls = TEMPLATES[cap]
+        return Candidate(
+            lambda params: lambda: cls(tools=target["tools"], max_turns=cfg["max_turns"], **params),
+            {"level": cls.DEFAULT_LEVEL, **cfg["params"]},
+            cls.harder,
+            cls.easier,
+            modules=modules,
+            fallback=fallback,
+        )
+    workers: list[Any] = []
+
+    def factory_for(params: dict[str, Any]):
+        f = module_env_factory(module_src, params, limits, unsafe_local_exec=cfg["unsafe_local_exec"])
+        workers.append(f)
+        return f
+
+    return Candidate(
+        factory_for, dict(cfg["params"]), module_src=module_src, modules=modules, workers=workers
     )
-    return {
-        "name": "tools",
-        "passed": not bad,
-        "seeds": 1,
-        "message": msg,
-        "details": {
-            "tools": [t["function"]["name"] for t in obs.tools],
-            "fallbacks": missing,
-            "problems": bad,
-        },
-    }
-
-
-def _examples(store: Store, diag_doc: dict[str, Any], cap_doc: dict[str, Any], n: int = 3) -> list[str]:
-    """Transcripts of a few failed episodes the diagnosis cites for the capability."""
-    from trace_cli.envs.synthetic.author import transcript
-    from trace_cli.store.rollouts import read_episodes
-
-    try:
-        art = store.resolve(diag_doc["rollouts"], kind="rollouts")
-        eps = read_episodes(art.path)
-    except (UsageError, KeyError, OSError):
-        return []
-    want = [str(t) for t in cap_doc.get("example_failed_task_ids") or []]
-    out = []
-    for tid in want:
-        ep = next((e for e in eps if str(e["task_id"]) == tid and not e["success"]), None)
-        if ep is not None:
-            out.append(transcript(ep))
-        if len(out) >= n:
-            break
-    return out
-
-
-def _author(
-    cfg: dict[str, Any], store: Store, prepared: Prepared, limits
-) -> tuple[str | None, list[dict[str, Any]]]:
-    """Ask the LLM for modules until one passes the sandboxed checks; every attempt is logged."""
-    from trace_cli.envs.sandbox import check_module, isolation
-
-    isolation(cfg["unsafe_local_exec"])  # no OS sandbox and no explicit consent: exit 2 before any request
-    from trace_cli.envs.synthetic.author import author_messages, write_module
-
-    cap = cfg["capability"]
-    cap_doc = prepared.extra["capability"]
-    target = prepared.extra["target"]
-    examples = _examples(store, prepared.extra["diagnosis_doc"], cap_doc)
-    llm = {k: v for k, v in cfg["llm"].items() if k not in ("attempts", "fallback")}
-    chk = cfg["checks"]
-    log: list[dict[str, Any]] = []
-    feedback = None
-    for attempt in range(1, cfg["llm"]["attempts"] + 1):
-        msgs = author_messages(
-            cap, cap_doc["description"], list(target["tools"].values()), examples, feedback
-        )
-        src, why = write_module(cfg["author"], llm, store, msgs, seed=cfg["seed"], attempt=attempt)
-        if src is None:
-            log.append({"file": None, "accepted": False, "reason": f"no usable module: {why}"})
-            feedback = why
-            continue
-        verdict = check_module(
-            src,
-            cfg["params"],
-            limits,
-            reference_seeds=chk["reference_seeds"],
-            determinism_seeds=min(chk["determinism_seeds"], 10),
-            do_nothing_seeds=min(chk["do_nothing_seeds"], 50),
-            leakage_seeds=min(chk["leakage_seeds"], 50),
-            unsafe_local_exec=cfg["unsafe_local_exec"],
-        )
-        entry = {
-            "file": f"{MODULES_DIR}/attempt-{attempt}.py",
-            "accepted": verdict.accepted,
-            "reason": verdict.reason,
-            "source": src,
-        }
-        if verdict.accepted:
-            from trace_cli.envs.sandbox import SandboxedEnv, SandboxWorker
-
-            with SandboxWorker(src, limits, unsafe_local_exec=cfg["unsafe_local_exec"]) as w:
-                tc = check_tools(
-                    SandboxedEnv(w, cfg["params"]), target["tools"], fallback_ok=target["kind"] == "env"
-                )
-            if not tc["passed"]:
-                entry.update(accepted=False, reason=f"check tools failed: {tc['message']}")
-        log.append(entry)
-        if entry["accepted"]:
-            return src, log
-        if entry["reason"].startswith("blocked:"):  # a forbidden action: stop asking this author (see run())
-            break
-        feedback = entry["reason"]
-    return None, log
-
-
-def _fail_message(cap: str, cal, band: dict[str, Any]) -> str:
-    b = band
-    return (
-        f"calibration of {cap} failed after {len(cal.attempts)} attempt(s): the policy's success must be in "
-        f"[{b['band'][0]}, {b['band'][1]}] with <= {b['max_group_all0']:.0%} all-0 and <= "
-        f"{b['max_group_all1']:.0%} all-1 groups\n{cal.summary()}"
-    )
-
-
-# ------------------------------------------------------------------------------------------------ run
 
 
 def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=False) -> dict[str, Artifact]:
-    from trace_cli.envs.sandbox import Limits, module_env_factory
-    from trace_cli.envs.synthetic import TEMPLATES
-    from trace_cli.envs.synthetic.checks import run_checks
+    from trace_cli.envs.sandbox import Limits
 
     cfg = prepared.config
-    cap = cfg["capability"]
-    target = prepared.extra["target"]
-    chk = cfg["checks"]
     sb = cfg["sandbox"]
     limits = Limits(
         cpu_s=float(sb["cpu_s"]), memory_mb=int(sb["memory_mb"]), timeout_s=float(sb["timeout_s"])
     )
-    modules: list[dict[str, Any]] = []
-    factories: list[Any] = []  # sandbox workers of a module, closed at the end
-    module_src: str | None = None
-    fallback = None
-    if cfg["author"] != "template":
-        module_src, modules = _author(cfg, store, prepared, limits)
-        blocked = [(i + 1, m["reason"]) for i, m in enumerate(modules) if m["reason"].startswith("blocked:")]
-        if blocked:
-            # A module that tried something the sandbox forbids (files outside its directory, processes, the
-            # network, introspection) means the authoring channel is not trustworthy (the prompt embeds
-            # third-party rollout text): no fallback, no later attempt, nothing stored.
-            i, why = blocked[0]
-            err = CheckFailed(
-                f"attempt {i} of the {cfg['author']} author wrote a module for {cap} that tried a forbidden action "
-                f"({why}); refusing to store any environment from this author run"
-            )
-            err.details = {
-                "capability": cap,
-                "modules": [{k: v for k, v in m.items() if k != "source"} for m in modules],
-            }
-            raise err
-        if module_src is None:
-            reasons = "; ".join(f"attempt {i + 1}: {m['reason']}" for i, m in enumerate(modules))
-            if cfg["llm"]["fallback"] == "template" and cap in TEMPLATES:
-                fallback = "template"
-            else:
-                err = CheckFailed(
-                    f"every module the {cfg['author']} author wrote for {cap} was rejected ({reasons})"
-                )
-                err.details = {
-                    "capability": cap,
-                    "modules": [{k: v for k, v in m.items() if k != "source"} for m in modules],
-                }
-                raise err
-    if module_src is None:
-        cls = TEMPLATES[cap]
-
-        def factory_for(params: dict[str, Any]):
-            return lambda: cls(tools=target["tools"], max_turns=cfg["max_turns"], **params)
-
-        harder, easier = cls.harder, cls.easier
-        params0 = {"level": cls.DEFAULT_LEVEL, **cfg["params"]}
-    else:
-
-        def factory_for(params: dict[str, Any]):
-            f = module_env_factory(module_src, params, limits, unsafe_local_exec=cfg["unsafe_local_exec"])
-            factories.append(f)
-            return f
-
-        harder = easier = lambda p: None  # noqa: E731 - a module has no difficulty steps
-        params0 = dict(cfg["params"])
-
-    def gate(params: dict[str, Any]) -> list[dict[str, Any]]:
-        f = factory_for(params)
-        results = [
-            r.to_dict()
-            for r in run_checks(
-                f,
-                reference_seeds=chk["reference_seeds"],
-                determinism_seeds=chk["determinism_seeds"],
-                do_nothing_seeds=chk["do_nothing_seeds"],
-                leakage_seeds=chk["leakage_seeds"],
-                start=prepared.extra["train"][0],
-            )
-        ]
-        results.append(
-            check_tools(f(), target["tools"], fallback_ok=target["kind"] == "env" or module_src is None)
-        )
-        failed = [r for r in results if not r["passed"]]
-        if failed:
-            err = CheckFailed(f"{cap}: check {failed[0]['name']} failed: {failed[0]['message']}")
-            err.details = {"capability": cap, "checks": results}
-            raise err
-        return results
-
+    cand = _candidate(cfg, store, prepared, limits)
     try:
         return _calibrate_and_write(
-            prepared,
-            store,
-            name,
-            overrides,
-            replace,
-            factory_for,
-            gate,
-            harder,
-            easier,
-            params0,
-            module_src,
-            modules,
-            fallback,
-            limits,
+            prepared, store, cand, limits, name=name, overrides=overrides, replace=replace
         )
     finally:
-        for f in factories:
+        for f in cand.workers:
             f.close()
 
 
 def _calibrate_and_write(
-    prepared,
-    store,
-    name,
-    overrides,
-    replace,
-    factory_for,
-    gate,
-    harder,
-    easier,
-    params0,
-    module_src,
-    modules,
-    fallback,
-    limits,
+    prepared: Prepared, store: Store, cand: Candidate, limits: Any, *, name, overrides, replace
 ) -> dict[str, Artifact]:
-    from trace_cli.envs.synthetic.calibrate import Band, calibrate
+    from trace_cli.envs import artifact
+    from trace_cli.envs.synthetic.calibrate import calibrate_as_configured, failure
+    from trace_cli.envs.synthetic.checks import admit
     from trace_cli.progress import Bar
 
     cfg = prepared.config
-    cap = cfg["capability"]
-    target = prepared.extra["target"]
+    cap, target, t0 = cfg["capability"], prepared.extra["target"], prepared.extra["train"][0]
     cal_cfg = cfg["calibration"]
-    checks = gate(params0)
-    policy = load_calibration_policy(prepared.extra["model"], store, cfg)
-    t0 = prepared.extra["train"][0]
-    band = Band(cal_cfg["band"][0], cal_cfg["band"][1], cal_cfg["max_group_all0"], cal_cfg["max_group_all1"])
-    cal = calibrate(
-        factory_for=factory_for,
-        params=params0,
-        policy_for=lambda attempt: _reseed(policy, cfg["seed"] * 1000 + attempt),
-        seeds=list(range(t0, t0 + cal_cfg["seeds"])),
-        rollouts=cal_cfg["rollouts"],
-        band=band,
-        max_attempts=cal_cfg["max_attempts"],
-        harder=harder,
-        easier=easier,
+
+    def gate(params: dict[str, Any]) -> list[dict[str, Any]]:
+        fallback_ok = target["kind"] == "env" or cand.module_src is None
+        checks = {
+            k: cfg["checks"][k]
+            for k in ("reference_seeds", "determinism_seeds", "do_nothing_seeds", "leakage_seeds")
+        }
+        return admit(
+            cand.factory_for(params), cap, target["tools"], fallback_ok=fallback_ok, seeds=checks, start=t0
+        )
+
+    checks = gate(cand.params)
+    cal = calibrate_as_configured(
+        cal_cfg,
+        load_calibration_policy(prepared.extra["model"], store, cfg),
+        seed=cfg["seed"],
+        start=t0,
         max_turns=cfg["max_turns"],
-        batch_size=cal_cfg["batch_size"],
+        factory_for=cand.factory_for,
+        params=cand.params,
+        harder=cand.harder,
+        easier=cand.easier,
         progress=lambda i, total: Bar(total, f"calibrate {cap} (attempt {i})"),
     )
     attempts = [a.to_dict() for a in cal.attempts]
     if not cal.passed:
-        err = CheckFailed(_fail_message(cap, cal, cal_cfg))
+        err = CheckFailed(failure(cap, cal, cal_cfg))
         err.details = {"capability": cap, "checks": checks, "attempts": attempts}
         raise err
-    if cal.params != params0:
+    if cal.params != cand.params:
         checks = gate(cal.params)  # the difficulty that was admitted is the one that is checked
-    env = factory_for(cal.params)()
+    env = cand.factory_for(cal.params)()
     obs = env.reset(t0)
     final_params = dict(getattr(env, "params", cal.params))
-    tool_sources = dict(getattr(env, "tool_sources", {})) or {
-        t["function"]["name"]: "module" for t in obs.tools
-    }
+    doc = artifact.checked(_document(prepared, cand, env, obs, final_params, checks, attempts, limits))
+    with prepared.writer(store, "environment", name=name, overrides=overrides, replace=replace) as w:
+        artifact.write_environment(
+            w.path,
+            doc,
+            attempts=attempts,
+            episodes=artifact.samples(cal.results, cfg["samples"]),
+            module_src=cand.module_src,
+            modules=cand.modules,
+        )
+        last = cal.attempts[-1]
+        w.summary.update(
+            {
+                "capability": cap,
+                "name": doc["name"],
+                "source": doc["source"],
+                "params": final_params,
+                "tools": [t["function"]["name"] for t in obs.tools],
+                "target": target["ref"],
+                "checks_passed": True,
+                "calibration_attempts": len(cal.attempts),
+                "mean_success": last.mean_success,
+                "mean_reward": last.mean_reward,
+                "frac_all0": last.frac_all0,
+                "frac_all1": last.frac_all1,
+                "seeds_train": doc["seeds"]["train"],
+                "seeds_eval": doc["seeds"]["eval"],
+            }
+        )
+    return {"environment": w.artifact}
+
+
+def _document(prepared, cand: Candidate, env, obs, params, checks, attempts, limits) -> dict[str, Any]:
+    """environment.yaml of the admitted environment (schema environment.v1.json)."""
+    from trace_cli.envs.artifact import MODULE_FILE
+
+    cfg, target = prepared.config, prepared.extra["target"]
+    cap, cal_cfg = cfg["capability"], cfg["calibration"]
     used = [t["function"]["name"] for t in obs.tools]
     doc: dict[str, Any] = {
         "kind": "environment",
@@ -491,12 +328,12 @@ def _calibrate_and_write(
         "capability": cap,
         "description": " ".join(str(prepared.extra["capability"].get("description", "")).split()),
         "diagnosis": prepared.extra["diagnosis"].uri,
-        "source": "template" if module_src is None else "module",
-        "params": final_params,
+        "source": "template" if cand.module_src is None else "module",
+        "params": params,
         "max_turns": cfg["max_turns"],
         "policy": "shop",
         "tools": obs.tools,
-        "tool_sources": tool_sources,
+        "tool_sources": dict(getattr(env, "tool_sources", {})) or {n: "module" for n in used},
         "target": {
             "kind": target["kind"],
             "ref": target["ref"],
@@ -522,7 +359,7 @@ def _calibrate_and_write(
         },
         "authoring": {"author": cfg["author"]},
     }
-    if module_src is None:
+    if cand.module_src is None:
         doc["template"] = cap
     else:
         doc["module"] = MODULE_FILE
@@ -530,80 +367,8 @@ def _calibrate_and_write(
         doc["authoring"].update(
             model=str(cfg["llm"].get("model")),
             sandbox=limits.to_dict(),
-            modules=[{k: m[k] for k in ("file", "accepted", "reason")} for m in modules],
+            modules=[{k: m[k] for k in ("file", "accepted", "reason")} for m in cand.modules],
         )
-        if fallback:
-            doc["authoring"]["fallback"] = fallback
-    doc = json.loads(json.dumps(doc, default=str))  # plain YAML types only (tuples, numpy floats ...)
-    validate(doc, "environment.v1.json", source=ENV_FILE)
-    samples = _samples(cal.results, cfg["samples"])
-    with prepared.writer(store, "environment", name=name, overrides=overrides, replace=replace) as w:
-        (w.path / ENV_FILE).write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=110))
-        rows = [
-            {
-                "capability": cap,
-                **{k: a[k] for k in CALIBRATION_SCHEMA.names if k not in ("capability", "params")},
-                "params": json.dumps(a["params"], sort_keys=True),
-            }
-            for a in attempts
-        ]
-        pq.write_table(pa.Table.from_pylist(rows, schema=CALIBRATION_SCHEMA), w.path / CALIBRATION_FILE)
-        with open(w.path / SAMPLES_FILE, "w", encoding="utf-8") as fh:
-            for s in samples:
-                fh.write(json.dumps(s, ensure_ascii=False, default=str) + "\n")
-        if module_src is not None:
-            (w.path / MODULE_FILE).write_text(module_src, encoding="utf-8")
-        for m in modules:
-            if m.get("file") and m.get("source") is not None:
-                p = w.path / m["file"]
-                p.parent.mkdir(parents=True, exist_ok=True)
-                p.write_text(m["source"], encoding="utf-8")
-        last = cal.attempts[-1]
-        w.summary.update(
-            {
-                "capability": cap,
-                "name": doc["name"],
-                "source": doc["source"],
-                "params": final_params,
-                "tools": used,
-                "target": target["ref"],
-                "checks_passed": True,
-                "calibration_attempts": len(cal.attempts),
-                "mean_success": last.mean_success,
-                "mean_reward": last.mean_reward,
-                "frac_all0": last.frac_all0,
-                "frac_all1": last.frac_all1,
-                "seeds_train": doc["seeds"]["train"],
-                "seeds_eval": doc["seeds"]["eval"],
-            }
-        )
-    return {"environment": w.artifact}
-
-
-def _samples(results: list[Any], n: int) -> list[dict[str, Any]]:
-    """Up to n episodes: successes and failures alternating, so both kinds are there to read."""
-    ok = [r for r in results if r.success]
-    bad = [r for r in results if not r.success]
-    picked: list[Any] = []
-    while len(picked) < n and (ok or bad):
-        for pool in (ok, bad):
-            if pool and len(picked) < n:
-                picked.append(pool.pop(0))
-    return [
-        {
-            "task_id": r.task_id,
-            "seed": r.seed,
-            "trial": r.trial,
-            "reward": r.reward,
-            "success": r.success,
-            "termination": r.termination,
-            "components": r.breakdown.get("components"),
-            "variant": (r.metadata or {}).get("variant"),
-            "messages": r.messages,
-        }
-        for r in picked
-    ]
-
-
-def read_environment(art: Artifact) -> dict[str, Any]:
-    return load_artifact_yaml(Path(art.path / ENV_FILE))
+        if cand.fallback:
+            doc["authoring"]["fallback"] = cand.fallback
+    return doc

@@ -5,7 +5,8 @@ target's tool schemas, and the module contract (see `trace_cli.envs.sandbox`) wi
 on `SyntheticEnv`. The answer is JSON `{"module": "<python source>"}` (or a fenced python block). Requests go
 through the diagnose analysts (`openai`: any OpenAI-compatible server, over the one SDK client in
 `trace_cli.llm.openai_client` with the SDK's retries and timeouts; `hf`: a local model), so they share the
-store's response cache. The module is never run here: the stage checks it in the sandbox.
+store's response cache. `author_module` runs the conversation: every module is checked in the sandbox (never
+run here), a rejected one is sent back with the reason, up to `llm.attempts` times.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 import re
 from typing import Any
 
-from trace_cli.errors import UsageError
+from trace_cli.errors import CheckFailed, UsageError
 
 CONTRACT = """Write ONE self-contained Python module (stdlib + trace_cli only; no network, no files outside the
 working directory, no subprocesses) that defines `make_env(**params)` returning an environment with:
@@ -143,3 +144,117 @@ def write_module(
             [messages], run=attempt, seed=seed, parse=parse_module, what=f"authoring (attempt {attempt})"
         )[0]
     raise UsageError(f"unknown author {author!r}; expected template, openai or hf")
+
+
+def examples(
+    store: Any, diagnosis_doc: dict[str, Any], capability_doc: dict[str, Any], n: int = 3
+) -> list[str]:
+    """Transcripts of a few failed episodes the diagnosis cites for the capability."""
+    from trace_cli.store.rollouts import read_episodes
+
+    try:
+        art = store.resolve(diagnosis_doc["rollouts"], kind="rollouts")
+        eps = read_episodes(art.path)
+    except (UsageError, KeyError, OSError):
+        return []
+    want = [str(t) for t in capability_doc.get("example_failed_task_ids") or []]
+    out = []
+    for tid in want:
+        ep = next((e for e in eps if str(e["task_id"]) == tid and not e["success"]), None)
+        if ep is not None:
+            out.append(transcript(ep))
+        if len(out) >= n:
+            break
+    return out
+
+
+def author_module(
+    cfg: dict[str, Any],
+    store: Any,
+    *,
+    capability_doc: dict[str, Any],
+    diagnosis_doc: dict[str, Any],
+    target: dict[str, Any],
+    limits: Any,
+    has_template: bool,
+) -> tuple[str | None, list[dict[str, Any]], str | None]:
+    """Ask the LLM for modules until one passes the sandboxed checks (`cfg`: the synthesize config).
+
+    Returns (the accepted module's source, the log of every attempt, None), or (None, log, "template") when
+    every module was rejected and the config falls back to the capability's template. A module that tried a
+    forbidden action (files outside its directory, processes, the network, introspection) means the authoring
+    channel is not trustworthy (the prompt embeds third-party rollout text): CheckFailed, no fallback, no later
+    attempt; so is a run with every module rejected and no template to fall back to."""
+    from trace_cli.envs.artifact import MODULES_DIR
+    from trace_cli.envs.sandbox import SandboxedEnv, SandboxWorker, check_module, isolation
+    from trace_cli.envs.synthetic.checks import check_tools
+
+    isolation(cfg["unsafe_local_exec"])  # no OS sandbox and no explicit consent: exit 2 before any request
+    cap = cfg["capability"]
+    shown = examples(store, diagnosis_doc, capability_doc)
+    llm = {k: v for k, v in cfg["llm"].items() if k not in ("attempts", "fallback")}
+    chk = cfg["checks"]
+    log: list[dict[str, Any]] = []
+    feedback = None
+    for attempt in range(1, cfg["llm"]["attempts"] + 1):
+        msgs = author_messages(
+            cap, capability_doc["description"], list(target["tools"].values()), shown, feedback
+        )
+        src, why = write_module(cfg["author"], llm, store, msgs, seed=cfg["seed"], attempt=attempt)
+        if src is None:
+            log.append({"file": None, "accepted": False, "reason": f"no usable module: {why}"})
+            feedback = why
+            continue
+        verdict = check_module(
+            src,
+            cfg["params"],
+            limits,
+            reference_seeds=chk["reference_seeds"],
+            determinism_seeds=min(chk["determinism_seeds"], 10),
+            do_nothing_seeds=min(chk["do_nothing_seeds"], 50),
+            leakage_seeds=min(chk["leakage_seeds"], 50),
+            unsafe_local_exec=cfg["unsafe_local_exec"],
+        )
+        entry = {
+            "file": f"{MODULES_DIR}/attempt-{attempt}.py",
+            "accepted": verdict.accepted,
+            "reason": verdict.reason,
+            "source": src,
+        }
+        if verdict.accepted:
+            with SandboxWorker(src, limits, unsafe_local_exec=cfg["unsafe_local_exec"]) as w:
+                tc = check_tools(
+                    SandboxedEnv(w, cfg["params"]), target["tools"], fallback_ok=target["kind"] == "env"
+                )
+            if not tc["passed"]:
+                entry.update(accepted=False, reason=f"check tools failed: {tc['message']}")
+        log.append(entry)
+        if entry["accepted"]:
+            return src, log, None
+        if entry["reason"].startswith("blocked:"):  # a forbidden action: stop asking this author
+            break
+        feedback = entry["reason"]
+    blocked = [(i + 1, m["reason"]) for i, m in enumerate(log) if m["reason"].startswith("blocked:")]
+    if blocked:
+        i, why = blocked[0]
+        raise _refused(
+            f"attempt {i} of the {cfg['author']} author wrote a module for {cap} that tried a forbidden action "
+            f"({why}); refusing to store any environment from this author run",
+            cap,
+            log,
+        )
+    if cfg["llm"]["fallback"] == "template" and has_template:
+        return None, log, "template"
+    reasons = "; ".join(f"attempt {i + 1}: {m['reason']}" for i, m in enumerate(log))
+    raise _refused(
+        f"every module the {cfg['author']} author wrote for {cap} was rejected ({reasons})", cap, log
+    )
+
+
+def _refused(message: str, capability: str, log: list[dict[str, Any]]) -> CheckFailed:
+    err = CheckFailed(message)
+    err.details = {
+        "capability": capability,
+        "modules": [{k: v for k, v in m.items() if k != "source"} for m in log],
+    }
+    return err

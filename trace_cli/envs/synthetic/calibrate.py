@@ -183,3 +183,52 @@ def calibrate(
         att.next = direction
         current = nxt
     return Calibration(False, attempts, current, results)
+
+
+def reseed(policy: Any, seed: int) -> Any:
+    """The one calibration policy, reseeded for an attempt (its sampling seed, a scripted policy's round)."""
+    if hasattr(policy, "seed"):
+        policy.seed = seed
+    if hasattr(policy, "_round"):
+        policy._round = 0
+    return policy
+
+
+def calibrate_as_configured(
+    cal: dict[str, Any],
+    policy: Any,
+    *,
+    seed: int,
+    start: int,
+    max_turns: int,
+    factory_for: Callable[[dict[str, Any]], Callable[[], Environment]],
+    params: dict[str, Any],
+    harder: Callable[[dict[str, Any]], dict[str, Any] | None],
+    easier: Callable[[dict[str, Any]], dict[str, Any] | None],
+    progress: Callable[[int, int], Any] | None = None,
+) -> Calibration:
+    """`calibrate` as the synthesize config's `calibration` section says: its band, `seeds` seeds from `start`,
+    `rollouts` each, `max_attempts`, `batch_size`; attempt i reseeds `policy` with seed * 1000 + i."""
+    return calibrate(
+        factory_for=factory_for,
+        params=params,
+        policy_for=lambda attempt: reseed(policy, seed * 1000 + attempt),
+        seeds=list(range(start, start + cal["seeds"])),
+        rollouts=cal["rollouts"],
+        band=Band(cal["band"][0], cal["band"][1], cal["max_group_all0"], cal["max_group_all1"]),
+        max_attempts=cal["max_attempts"],
+        harder=harder,
+        easier=easier,
+        max_turns=max_turns,
+        batch_size=cal["batch_size"],
+        progress=progress,
+    )
+
+
+def failure(capability: str, result: Calibration, cal: dict[str, Any]) -> str:
+    """Why calibration failed, with the numbers of every attempt (`cal`: the config's `calibration`)."""
+    return (
+        f"calibration of {capability} failed after {len(result.attempts)} attempt(s): the policy's success must "
+        f"be in [{cal['band'][0]}, {cal['band'][1]}] with <= {cal['max_group_all0']:.0%} all-0 and <= "
+        f"{cal['max_group_all1']:.0%} all-1 groups\n{result.summary()}"
+    )

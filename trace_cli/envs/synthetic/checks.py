@@ -6,6 +6,10 @@ reference    the environment's reference solution reaches reward 1 (success) on 
 do_nothing   an agent that only says "Goodbye." never succeeds
 leakage      the values the agent must find (`task_metadata()["answer_values"]`) never appear in the
              opening messages (nor, for ids and amounts, in the system prompt)
+tools        every tool the environment offers equals the target's (name + parameters), or is a shop tool the
+             target lacks, where that is allowed (`check_tools`)
+
+`admit` runs them all and refuses the environment (CheckFailed, exit 1) at the first that fails.
 """
 
 from __future__ import annotations
@@ -173,3 +177,68 @@ def run_checks(
         check_do_nothing(factory, range(start, start + do_nothing_seeds)),
         check_leakage(factory, range(start, start + leakage_seeds)),
     ]
+
+
+def check_tools(env: Environment, target_tools: dict[str, Any], *, fallback_ok: bool) -> dict[str, Any]:
+    """Every tool the environment exposes equals the target's (name + parameters), or is an allowed fallback."""
+    from trace_cli.envs.shop import TOOL_SCHEMAS
+
+    obs = env.reset(0)
+    bad, missing = [], []
+    for t in obs.tools:
+        fn = t.get("function", {})
+        name = fn.get("name")
+        if name in target_tools:
+            want = target_tools[name]["function"]
+            if (fn.get("name"), fn.get("parameters")) != (want["name"], want.get("parameters")):
+                bad.append(f"{name}: the argument schema differs from the target's")
+        elif (
+            fallback_ok
+            and name in TOOL_SCHEMAS
+            and fn.get("parameters") == TOOL_SCHEMAS[name]["function"]["parameters"]
+        ):
+            missing.append(name)
+        else:
+            bad.append(f"{name}: not a tool of the target")
+    msg = (
+        (
+            f"{len(obs.tools)} tools equal the target's"
+            + (f" ({len(missing)} shop fallbacks: {', '.join(missing)})" if missing else "")
+        )
+        if not bad
+        else "; ".join(bad)
+    )
+    return {
+        "name": "tools",
+        "passed": not bad,
+        "seeds": 1,
+        "message": msg,
+        "details": {
+            "tools": [t["function"]["name"] for t in obs.tools],
+            "fallbacks": missing,
+            "problems": bad,
+        },
+    }
+
+
+def admit(
+    factory: EnvFactory,
+    capability: str,
+    target_tools: dict[str, Any],
+    *,
+    fallback_ok: bool,
+    seeds: dict[str, int],
+    start: int,
+) -> list[dict[str, Any]]:
+    """Every check (`seeds`: the synthesize config's `checks` counts) plus the tools check, as dicts; the
+    first failure raises CheckFailed with all the results."""
+    from trace_cli.errors import CheckFailed
+
+    results = [r.to_dict() for r in run_checks(factory, **seeds, start=start)]
+    results.append(check_tools(factory(), target_tools, fallback_ok=fallback_ok))
+    failed = [r for r in results if not r["passed"]]
+    if failed:
+        err = CheckFailed(f"{capability}: check {failed[0]['name']} failed: {failed[0]['message']}")
+        err.details = {"capability": capability, "checks": results}
+        raise err
+    return results
