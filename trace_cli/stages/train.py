@@ -220,11 +220,10 @@ def _env_train_seeds(env_ref: Any, store: Store) -> str | None:
     trains on the train range unless `seeds` is given."""
     if not (isinstance(env_ref, str) and env_ref.startswith("store://")):
         return None
-    from trace_cli.config.loading import load_artifact_yaml
+    from trace_cli.envs.artifact import read_environment
 
     try:
-        art = store.resolve(env_ref, kind="environment")
-        doc = load_artifact_yaml(art.path / "environment.yaml") or {}
+        doc = read_environment(store.resolve(env_ref, kind="environment"))
     except Exception:  # noqa: BLE001 - make_env reports a bad reference properly, right after
         return None
     train = (doc.get("seeds") or {}).get("train")
