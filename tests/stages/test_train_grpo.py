@@ -512,3 +512,36 @@ def _constant_verify(real):
         return b
 
     return verify
+
+
+# ---------------------------------------------------------------------------------------------- report_to
+def test_report_to_tensorboard_writes_live_metrics_and_keeps_the_id(trained, model_dir, tmp_path):
+    """report_to=tensorboard hands TRL's TensorBoard callback a directory of event files with the reward per
+    step; where metrics go is not part of what is trained, so the adapter id is the one of the plain run."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    store, plain = trained
+    logs = tmp_path / "tb"
+    out = execute(
+        "train", grpo_config(model_dir, report_to="tensorboard", logging_dir=str(logs)), store, force=True
+    )
+    assert out.main.id == plain.main.id
+    events = sorted(logs.rglob("events.out.tfevents.*"))
+    assert events, f"no event file under {logs}"
+    acc = EventAccumulator(str(events[0].parent))
+    acc.Reload()
+    rewards = [e.value for e in acc.Scalars("train/reward")]
+    assert len(rewards) == 2  # max_steps 2, logging every step
+    metrics = pq.read_table(out.main.path / "train_metrics.parquet").to_pylist()
+    assert rewards == pytest.approx([m["reward"] for m in metrics], abs=1e-6)
+
+
+def test_report_to_a_missing_integration_exits_2_before_compute(model_dir, tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "trackio" else real(n, *a))
+    store = tmp_path / "store"
+    r = run_cli(*_train_args(model_dir, store, "--set", "report_to=trackio"))
+    assert r.exit_code == 2 and "trackio package is not installed" in r.output
+    assert not store.exists() or not any((store / "adapter").glob("*"))

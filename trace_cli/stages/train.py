@@ -37,7 +37,8 @@ OUTPUTS = {"model": "model", "adapter": "adapter"}
 METHOD_OUTPUTS = {"sft": {"model": "model"}, "grpo": {"adapter": "adapter"}}
 ADAPTER_DIR = "adapter"
 RESOLVED_CONFIG_FILE = "train_config.json"
-NOT_IN_ID = ("checkpoint_every",)  # how often we checkpoint does not change what is trained
+# how often we checkpoint, and where live metrics go, do not change what is trained
+NOT_IN_ID = ("checkpoint_every", "report_to", "logging_dir")
 
 # method -> the `then` properties of its branch in the schema: its defaults, and the other method's keys
 BRANCHES: dict[str, dict[str, Any]] = {
@@ -245,11 +246,23 @@ def _prepare_grpo(cfg: dict[str, Any], store: Store) -> Prepared:
         "GRPO trains a LoRA on a base model (store://model/NAME, an HF dir or a cached hub id), not on",
     )
     checked = grpo_preflight(cfg, seeds, env, model, store)
+    _check_report_to(cfg["report_to"])
     env.reset(seeds[0])
     capability = cfg["capability"] or (env.task_metadata() or {}).get("capability")
     p = _prepared(cfg, {k: v for k, v in cfg.items() if k not in NOT_IN_ID}, model, store)
     p.extra.update(model=model, seeds=seeds, resume=resume, capability=capability, **checked)
     return p
+
+
+def _check_report_to(report_to: str) -> None:
+    """A live-metrics integration whose package is missing fails before any compute (exit 2)."""
+    import importlib.util
+
+    module = {"tensorboard": "tensorboard", "trackio": "trackio"}.get(report_to)
+    if module and importlib.util.find_spec(module) is None:
+        raise UsageError(
+            f"report_to {report_to}: the {module} package is not installed (pip install {module})"
+        )
 
 
 def _run_grpo(
@@ -280,6 +293,7 @@ def _run_grpo(
         make_env=lambda: make_env(env_ref, store=store),
         seeds=prepared.extra["seeds"],
         output_dir=str(work.checkpoints),
+        logging_dir=cfg["logging_dir"] or str(store.root / "logs" / "train" / prepared.id),
         resume_from=str(resume_from) if resume_from else None,
         log=_to_stderr(lambda m: progress_line(m, cfg["max_steps"])) if main else None,
     )

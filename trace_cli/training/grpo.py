@@ -28,6 +28,7 @@ no defaults of their own, since schemas/config/train.v1.json states them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -126,6 +127,8 @@ class GRPOSpec:
     use_vllm: bool
     vllm: Mapping[str, Any]
     seed: int
+    report_to: str  # none | tensorboard | trackio: TRL's live metrics integrations
+    logging_dir: str | None  # tensorboard event files (the stage resolves null to STORE/logs/train/ID)
     resume_from: str | None = None
     log: Callable[[dict[str, Any]], None] | None = None
     keep_model: bool = False  # return the trained PeftModel (tests inspect its parameters)
@@ -279,6 +282,23 @@ def make_reward_func(holder: dict[str, Any]):
     return env_reward
 
 
+@contextlib.contextmanager
+def _tensorboard_dir(path: str | None):
+    """transformers' TensorBoardCallback takes its directory from $TENSORBOARD_LOGGING_DIR when it is built."""
+    if path is None:
+        yield
+        return
+    old = os.environ.get("TENSORBOARD_LOGGING_DIR")
+    os.environ["TENSORBOARD_LOGGING_DIR"] = path
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TENSORBOARD_LOGGING_DIR", None)
+        else:
+            os.environ["TENSORBOARD_LOGGING_DIR"] = old
+
+
 def train_grpo(spec: GRPOSpec) -> GRPOResult:
     """Build the model, LoRA, dataset and trainer; train (or resume); save the adapter under output_dir/final."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -326,7 +346,7 @@ def train_grpo(spec: GRPOSpec) -> GRPOResult:
         save_strategy="steps" if ckpt else "no",
         save_steps=ckpt or 500,
         save_total_limit=2,
-        report_to="none",
+        report_to=spec.report_to,
         use_cpu=not cuda,
         bf16=bf16,
         gradient_checkpointing=bool(
@@ -355,16 +375,17 @@ def train_grpo(spec: GRPOSpec) -> GRPOResult:
 
         callbacks.append(_Log())
     cls = _trainer_class()
-    trainer = cls(
-        model=model,
-        reward_funcs=[make_reward_func(holder)],
-        args=args,
-        train_dataset=dataset,
-        processing_class=tok,
-        peft_config=lora_config(spec.lora),
-        rollout_func=make_rollout_func(spec, tok, max_context, stats),
-        callbacks=callbacks,
-    )
+    with _tensorboard_dir(spec.logging_dir if spec.report_to == "tensorboard" else None):
+        trainer = cls(
+            model=model,
+            reward_funcs=[make_reward_func(holder)],
+            args=args,
+            train_dataset=dataset,
+            processing_class=tok,
+            peft_config=lora_config(spec.lora),
+            rollout_func=make_rollout_func(spec, tok, max_context, stats),
+            callbacks=callbacks,
+        )
     trainer.drop_constant_groups = spec.drop_constant_groups
     # the Trainer's printer/progress callbacks write every log dict to stdout (tqdm.write); stdout is for
     # results (`--json`), and the stage prints one line per step to stderr instead
