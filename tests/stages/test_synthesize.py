@@ -355,6 +355,47 @@ def test_target_from_tau2_rollouts_keeps_its_schemas(retail_store, in_band):
     assert any(a.kind == "rollouts" for a in [st.resolve("rollouts/tau2-retail")])
 
 
+def test_fan_out_names_each_capability_and_collects_failures(st, monkeypatch):
+    """stages.base.execute_each: one run per listed capability, named NAME-CAPABILITY; one that fails
+    calibration is reported and the others are kept; `failed` words the error the command exits 1 with."""
+    from trace_cli.stages.base import execute_each, failed, fan_out
+
+    monkeypatch.setattr(
+        synth,
+        "load_calibration_policy",
+        lambda model, store, cfg: MixPolicy(p=0.4 if cfg["capability"] == CAPS[0] else 1.0),
+    )
+    diag = make_diagnosis(st)
+    cfg = {"diagnosis": diag, "model": "policy:random", "calibration": {**SMALL, "max_attempts": 1}}
+    assert [k for k, _ in fan_out("synthesize", cfg, st)] == CAPS  # none given: every selected one
+    assert fan_out("synthesize", {**cfg, "capability": CAPS[0]}, st) == [
+        (None, {**cfg, "capability": CAPS[0]})
+    ]
+    members = list(execute_each("synthesize", {**cfg, "capability": CAPS[:2]}, st, name="x"))
+    assert [(m.key, m.name) for m in members] == [(CAPS[0], f"x-{CAPS[0]}"), (CAPS[1], f"x-{CAPS[1]}")]
+    assert members[0].outcome.main.uri == st.resolve(f"environment/x-{CAPS[0]}").uri
+    assert members[1].outcome is None and "success 1.000" in members[1].failure.message
+    err = failed("synthesize", members)
+    assert err.exit_code == 1
+    assert err.message == f"1 of 2 capabilities failed their checks or calibration: {CAPS[1]}"
+    assert [n for k, n, _ in st.names() if k == "environment"] == [f"x-{CAPS[0]}"]
+    # unnamed: the command names them CAPABILITY (key_names), a recipe step leaves them unnamed
+    members = list(execute_each("synthesize", {**cfg, "capability": CAPS[:1]}, st, key_names=True))
+    assert members[0].name == CAPS[0] and members[0].outcome.skipped
+
+
+def test_fan_out_checks_every_capability_before_running_any(st, in_band):
+    diag = make_diagnosis(st, selected=["precondition_verification", "tone_and_empathy"])
+    r = run_cli("synthesize", "--diagnosis", diag, "--model", "policy:random", "--store", st.root)
+    assert r.exit_code == 2 and "no environment template" in r.output
+    assert st.list("environment") == []  # precondition_verification, which has one, did not run either
+    empty = make_diagnosis(st, selected=[], name="none")
+    r = run_cli("synthesize", "--diagnosis", empty, "--model", "policy:random", "--store", st.root)
+    assert r.exit_code == 2 and "selects no capability; nothing to synthesize" in r.output
+    with pytest.raises(UsageError, match="one capability"):  # the stage itself makes one environment a run
+        execute("synthesize", {"diagnosis": diag, "model": "policy:random"}, st)
+
+
 # ---------------------------------------------------------------------------------------------- LLM author
 
 GOOD_MODULE = """

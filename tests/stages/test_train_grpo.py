@@ -286,6 +286,70 @@ def test_recipe_can_reference_the_adapter(tmp_path):
     assert [s.id for s in load_recipe(p).steps] == ["m", "t", "e"]
 
 
+# ---------------------------------------------------------------------------------------------- fan-out
+OTHER_ENV, OTHER_CAPABILITY = "grpo-parity-other", "other_talk"
+
+
+def _register_other() -> None:
+    from grpo_helpers import ParityEnv
+
+    from trace_cli.envs.registry import register
+
+    class OtherParity(ParityEnv):
+        def task_metadata(self):
+            return {**super().task_metadata(), "capability": OTHER_CAPABILITY}
+
+    register_parity()
+    register(OTHER_ENV, lambda **kw: OtherParity(**kw), overwrite=True)
+
+
+def test_a_list_of_environments_fans_out_by_their_capabilities(model_dir, tmp_path):
+    from trace_cli.errors import UsageError, ValidationError
+    from trace_cli.stages.base import fan_out
+
+    _register_other()
+    st = Store(tmp_path / "store")
+    cfg = grpo_config(model_dir, env=[TEST_ENV, OTHER_ENV])
+    assert [(k, c["env"]) for k, c in fan_out("train", cfg, st)] == [
+        (CAPABILITY, TEST_ENV),
+        (OTHER_CAPABILITY, OTHER_ENV),
+    ]
+    assert all(c == {**cfg, "env": c["env"]} for _, c in fan_out("train", cfg, st))
+    assert fan_out("train", grpo_config(model_dir), st) == [(None, grpo_config(model_dir))]
+    with pytest.raises(UsageError, match="more than one artifact would be for 'parity_talk'"):
+        fan_out("train", grpo_config(model_dir, env=[TEST_ENV, TEST_ENV]), st)
+    with pytest.raises(UsageError, match="capability: each adapter is for its own environment"):
+        fan_out("train", {**cfg, "capability": "x"}, st)
+    with pytest.raises(ValidationError, match="env: .* is not of type 'string'"):  # sft: one environment
+        fan_out("train", {"method": "sft", "env": [TEST_ENV], "model": str(model_dir)}, st)
+    assert snapshot(st.root) == []
+
+
+def test_train_command_makes_one_adapter_per_environment(model_dir, tmp_path):
+    set_env()
+    _register_other()
+    store = tmp_path / "store"
+    cfg = tmp_path / "train.yaml"
+    cfg.write_text(yaml.safe_dump(grpo_config(model_dir, env=[TEST_ENV, OTHER_ENV], max_steps=1)))
+    r = run_cli("train", "--config", cfg, "--name", "p", "--json", "--store", store)
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert [(a["capability"], a["name"], a["skipped"]) for a in out["adapters"]] == [
+        (CAPABILITY, f"p-{CAPABILITY}", False),
+        (OTHER_CAPABILITY, f"p-{OTHER_CAPABILITY}", False),
+    ]
+    assert out["failures"] == []
+    st = Store(store)
+    for a in out["adapters"]:
+        art = st.resolve(f"adapter/{a['name']}")
+        assert (
+            art.uri == a["uri"] and art.summary["capability"] == a["capability"] and art.summary["steps"] == 1
+        )
+    r = run_cli("train", "--config", cfg, "--name", "p", "--store", store)  # text: a row each, up to date
+    assert r.exit_code == 0 and r.stderr.count("up to date") == 2
+    assert all(a["uri"] in r.stdout for a in out["adapters"]) and OTHER_CAPABILITY in r.stdout
+
+
 # ---------------------------------------------------------------------------------------------- slow
 _SITE: list[str] = []
 

@@ -91,65 +91,54 @@ SYNTHESIZE = StageOptions(
 )
 def synthesize(name, force, as_json, store_dir, **flags):
     """Synthesize, check and calibrate one training environment per diagnosed capability."""
-    from trace_cli.config.loading import load_artifact_yaml
     from trace_cli.envs.artifact import read_environment
-    from trace_cli.errors import CheckFailed, UsageError
-    from trace_cli.stages.base import execute
+    from trace_cli.stages.base import execute_each, failed
 
     layers = SYNTHESIZE.merge(flags)
-    SYNTHESIZE.check(layers, later=("capability",))  # a capability each run, below
+    SYNTHESIZE.check(layers)
     cfg = layers.config
-    capabilities = cfg.pop("capability", None)
-    capabilities = [capabilities] if isinstance(capabilities, str) else list(capabilities or [])
-    st = open_store(store_dir)
-    if not capabilities:
-        diag = st.resolve(cfg["diagnosis"], kind="diagnosis")
-        doc = load_artifact_yaml(diag.path / "capabilities.yaml")
-        capabilities = [c["name"] for c in doc.get("selected") or []]
-        if not capabilities:
-            raise UsageError(f"diagnosis {diag.uri} selects no capability; nothing to synthesize")
-    out, failures = [], []
-    for cap in capabilities:
-        name_ = f"{name}-{cap}" if name else cap
-        try:
-            res = execute(
-                "synthesize",
-                {**cfg, "capability": cap},
-                st,
-                name=name_,
-                overrides=layers.applied,
-                force=force,
-            )
-        except CheckFailed as e:
-            d = getattr(e, "details", {}) or {}
-            failures.append({"capability": cap, "error": e.message, **d})
+    if isinstance(cfg.get("capability"), str):  # from --config: named PREFIX-CAPABILITY all the same
+        cfg["capability"] = [cfg["capability"]]
+    out, failures, members = [], [], []
+    each = execute_each(
+        "synthesize",
+        cfg,
+        open_store(store_dir),
+        name=name,
+        overrides=layers.applied,
+        force=force,
+        key_names=True,
+    )
+    for m in each:
+        members.append(m)
+        cap = m.key
+        if m.failure is not None:
+            d = getattr(m.failure, "details", {}) or {}
+            failures.append({"capability": cap, "error": m.failure.message, **d})
             if not as_json:
                 _print(cap, d.get("checks"), d.get("attempts") or [])
-                info(f"error: {cap}: {e.message}")
+                info(f"error: {cap}: {m.failure.message}")
             continue
-        art = res.main
+        art, skipped = m.outcome.main, m.outcome.skipped
         doc = read_environment(art)
         entry = {
             "capability": cap,
             "uri": art.uri,
             "id": art.id,
-            "name": name_,
-            "skipped": res.skipped,
+            "name": m.name,
+            "skipped": skipped,
             "params": doc["params"],
             "checks": doc["checks"],
             "calibration": doc["calibration"],
         }
         out.append(entry)
         if not as_json:
-            if res.skipped:
+            if skipped:
                 info(f"up to date: {art.uri} (use --force to re-run)")
             _print(cap, doc["checks"], doc["calibration"]["attempts"])
-            info(f"{cap}: store://environment/{name_} ({art.uri})")
+            info(f"{cap}: store://environment/{m.name} ({art.uri})")
     if as_json:
         echo_json({"environments": out, "failures": failures})
-    if failures:
-        caps = ", ".join(f["capability"] for f in failures)
-        raise CheckFailed(
-            f"{len(failures)} of {len(capabilities)} capabilit{'y' if len(capabilities) == 1 else 'ies'} "
-            f"failed their checks or calibration: {caps}"
-        )
+    err = failed("synthesize", members)
+    if err is not None:
+        raise err

@@ -1,4 +1,10 @@
-"""Recipe model: load + validate (schema, each step's `with` against its stage, references, cycles)."""
+"""Recipe model: load + validate (schema, each step's `with` against its stage, references, cycles).
+
+A step whose stage fans out (stages.base.fans_out: synthesize without one capability, GRPO on a list of
+environments) makes one artifact per capability, so its outputs are lists. Which steps do is known from their
+`with` alone, in dependency order (a list output makes the next step's input a list), so a reference to a
+list is validated as one: the whole value of a key that takes a list (`adapters`, a train step's `env`).
+"""
 
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ class Step:
     name: str | None
     index: int
     overrides: list[dict[str, Any]] = field(default_factory=list)
+    fans_out: bool = False  # one artifact per capability: its outputs are lists
 
     def refs(self) -> list[tuple[str, str, str]]:
         """(yaml path, step id, output name) for every ${steps.ID.outputs.NAME} in `with`."""
@@ -180,14 +187,19 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
         steps.append(step)
     outputs_of = {t.id: get_stage(t.uses).OUTPUTS for t in steps if t.uses in STAGES}
     uses_of = {t.id: t.uses for t in steps}
+    recipe = Recipe(p, steps, applied)
+    cycle = _find_cycle(steps)
+    unique = len({t.id for t in steps}) == len(steps)
+    fanning = _mark_fan_out(recipe) if unique and not cycle else set()
     for s in steps:
         if s.uses not in STAGES:
             errors.append(
                 f"steps[{s.index}].uses: unknown stage {s.uses!r}; expected one of: {', '.join(sorted(STAGES))}"
             )
             continue
+        view = _with_lists(s.with_, fanning, f"steps[{s.index}].with", errors)
         try:
-            validate(s.with_, config_schema(s.uses))
+            validate(view, config_schema(s.uses))
         except ValidationError as ve:
             errors += [
                 f"steps[{s.index}].with" + ("" if e.startswith("<root>") else ".") + e.removeprefix("<root>")
@@ -204,12 +216,46 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
                     f"outputs: {', '.join(outputs_of[sid])}"
                 )
         errors += _unparsable_refs(s.with_, f"steps[{s.index}].with")
-    cycle = _find_cycle(steps)
     if cycle:
         errors.append("cycle: " + " -> ".join(cycle))
     if errors:
         raise ValidationError(errors, source=f"{p} (after --set)" if applied else str(p))
-    return Recipe(p, steps, applied)
+    return recipe
+
+
+def _mark_fan_out(recipe: Recipe) -> set[str]:
+    """Mark the steps that fan out, upstream first (a list input can make a step fan out); their ids."""
+    from trace_cli.stages import STAGES
+    from trace_cli.stages.base import fans_out
+
+    fanning: set[str] = set()
+    for s in recipe.topo_order():
+        if s.uses in STAGES and fans_out(s.uses, _with_lists(s.with_, fanning, "", [])):
+            s.fans_out = True
+            fanning.add(s.id)
+    return fanning
+
+
+def _with_lists(v: Any, fanning: set[str], path_: str, errors: list[str]) -> Any:
+    """`v` as the stage will see it, as far as known before running: a whole-value reference to a step that fans
+    out becomes a list (of the reference, so a schema error shows it); such a reference inside a longer
+    string is an error (appended to `errors`)."""
+    if isinstance(v, dict):
+        return {k: _with_lists(x, fanning, f"{path_}.{k}", errors) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_with_lists(x, fanning, f"{path_}[{j}]", errors) for j, x in enumerate(v)]
+    if not isinstance(v, str):
+        return v
+    whole = REF_RE.fullmatch(v)
+    if whole and whole.group(1) in fanning:
+        return [v]
+    for m in REF_RE.finditer(v):
+        if m.group(1) in fanning:
+            errors.append(
+                f"{path_}: {m.group(0)} is a list (step {m.group(1)!r} makes one artifact per capability); "
+                "use it as a whole value"
+            )
+    return v
 
 
 def _unparsable_refs(v: Any, path_: str) -> list[str]:

@@ -3,18 +3,24 @@
 A stage sees its config read-only: `execute` hands `prepare` a frozen copy of what it was given, and
 `Prepared.finalize` freezes the resolved config (a `StageConfig`) that `run` works from and the manifest
 records, so no step between the id and the artifact can change what the id stands for.
+
+A stage may fan out: its `fans_out(config)` says from the config's shape alone whether it asks for several
+artifacts (synthesize without one capability; GRPO on a list of environments), and its `fan_out(config,
+store)` splits it into one (key, config) per artifact, the key being the capability that artifact is for.
+`execute_each` runs them for the CLI and for recipes alike, named NAME-KEY.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from trace_cli.config.frozen import freeze, freeze_stage_config, thaw
 from trace_cli.config.layers import present
 from trace_cli.config.schemas import validate
+from trace_cli.errors import CheckFailed, UsageError
 from trace_cli.store import Artifact, Store
 
 
@@ -99,6 +105,13 @@ class Outcome:
         return next(iter(self.outputs.values()))
 
 
+def prepare(stage_name: str, config: Mapping[str, Any], store: Store) -> Prepared:
+    """Validate the config and resolve the stage's inputs and output id, before any compute."""
+    from trace_cli.stages import get_stage
+
+    return get_stage(stage_name).prepare(freeze(dict(config or {})), store)
+
+
 def execute(
     stage_name: str,
     config: dict[str, Any],
@@ -109,10 +122,12 @@ def execute(
     force: bool = False,
 ) -> Outcome:
     """Prepare (validate everything), then skip if up to date, else run. The one entry point for CLI and recipes."""
+    return _complete(stage_name, prepare(stage_name, config, store), store, name, overrides, force)
+
+
+def _complete(stage_name: str, prepared: Prepared, store: Store, name, overrides, force: bool) -> Outcome:
     from trace_cli.stages import get_stage
 
-    mod = get_stage(stage_name)
-    prepared: Prepared = mod.prepare(freeze(dict(config or {})), store)
     if name is not None:
         store.check_name(name)
     if not force:
@@ -123,5 +138,88 @@ def execute(
                 store.set_name(main_kind, name, prepared.id)
                 store.index_add(found[next(iter(found))])
             return Outcome(found, True, prepared)
-    outputs = mod.run(prepared, store, name=name, overrides=overrides or [], replace=force)
+    outputs = get_stage(stage_name).run(prepared, store, name=name, overrides=overrides or [], replace=force)
     return Outcome(outputs, False, prepared)
+
+
+# ------------------------------------------------------------------------------------------------ fan-out
+
+
+def fans_out(stage_name: str, config: Mapping[str, Any]) -> bool:
+    """Whether `config` asks the stage for one artifact per capability: known from its shape alone, before any
+    input is read, so a recipe knows at load time which step outputs are lists."""
+    from trace_cli.stages import get_stage
+
+    hook = getattr(get_stage(stage_name), "fans_out", None)
+    return bool(hook and hook(config))
+
+
+def fan_out(stage_name: str, config: Mapping[str, Any], store: Store) -> list[tuple[str | None, dict]]:
+    """(key, config) per artifact the config stands for: the stage's `fan_out` split (the config is
+    schema-checked first, with every error), else the config itself under the key None."""
+    from trace_cli.stages import get_stage
+
+    if not fans_out(stage_name, config):
+        return [(None, dict(config))]
+    checked_config(stage_name, config)
+    members = get_stage(stage_name).fan_out(freeze(dict(config)), store)
+    keys = [k for k, _ in members]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise UsageError(f"{stage_name}: more than one artifact would be for {', '.join(map(repr, twice))}")
+    return members
+
+
+@dataclass
+class Member:
+    """One artifact of a (possibly fanned-out) invocation: its key, name, and Outcome or check failure."""
+
+    key: str | None  # None: the invocation did not fan out
+    name: str | None
+    prepared: Prepared
+    outcome: Outcome | None = None
+    failure: CheckFailed | None = None
+
+
+def execute_each(
+    stage_name: str,
+    config: dict[str, Any],
+    store: Store,
+    *,
+    name: str | None = None,
+    overrides: list[dict[str, Any]] | None = None,
+    force: bool = False,
+    key_names: bool = False,
+) -> Iterator[Member]:
+    """`execute` for each artifact of `fan_out`, yielded as it finishes. Every member is prepared, and its name
+    checked, before the first one runs, so a bad member fails before any compute. Members are named NAME-KEY
+    (with `key_names` and no name: KEY). A member that fails its checks (CheckFailed, exit 1) is yielded with
+    its failure and the others still run; `failed` words the summary. A single invocation raises as `execute`."""
+    members = []
+    for key, cfg in fan_out(stage_name, config, store):
+        own = name
+        if key is not None:
+            own = f"{name}-{key}" if name else (key if key_names else None)
+        if own is not None:
+            store.check_name(own)
+        members.append(Member(key, own, prepare(stage_name, cfg, store)))
+    for m in members:
+        try:
+            m.outcome = _complete(stage_name, m.prepared, store, m.name, overrides, force)
+        except CheckFailed as e:
+            if m.key is None:
+                raise
+            m.failure = e
+        yield m
+
+
+def failed(stage_name: str, members: list[Member]) -> CheckFailed | None:
+    """The error a fanned-out invocation ends with when some of its members failed their checks, else None."""
+    from trace_cli.stages import get_stage
+
+    keys = [str(m.key) for m in members if m.failure is not None]
+    if not keys:
+        return None
+    n = len(members)
+    what = getattr(get_stage(stage_name), "FAN_OUT_FAILURE", "failed")
+    return CheckFailed(f"{len(keys)} of {n} capabilit{'y' if n == 1 else 'ies'} {what}: {', '.join(keys)}")

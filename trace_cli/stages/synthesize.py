@@ -12,6 +12,9 @@ The stage only orchestrates: the target's tools (`resolve_target`), the candidat
 an LLM author writes: `envs.synthetic.author`), the checks (`envs.synthetic.checks.admit`), calibration
 (`envs.synthetic.calibrate`) and the artifact, whose files `envs.artifact` owns (environment.yaml,
 calibration.parquet, samples.jsonl, module.py and modules/ for LLM authors).
+
+A config without one capability fans out (`fan_out`): `trace synthesize` and recipe steps then run the stage
+once per capability, listed or selected by the diagnosis (stages.base.execute_each).
 """
 
 from __future__ import annotations
@@ -28,6 +31,26 @@ from trace_cli.store import Artifact, Store
 
 NAME = "synthesize"
 OUTPUTS = {"environment": "environment"}
+FAN_OUT_FAILURE = "failed their checks or calibration"
+
+
+def fans_out(config: Any) -> bool:
+    """Without one capability (none, or a list) the config asks for one environment per capability."""
+    return not isinstance(config.get("capability"), str)
+
+
+def fan_out(config: Any, store: Store) -> list[tuple[str, dict[str, Any]]]:
+    """(capability, config) for each listed capability, or else each capability the diagnosis selected."""
+    from trace_cli.config.frozen import thaw
+
+    caps = list(config.get("capability") or [])
+    if not caps:
+        diag = store.resolve(config["diagnosis"], kind="diagnosis")
+        doc = load_artifact_yaml(diag.path / "capabilities.yaml")
+        caps = [c["name"] for c in doc.get("selected") or []]
+        if not caps:
+            raise UsageError(f"diagnosis {diag.uri} selects no capability; nothing to synthesize")
+    return [(c, {**thaw(config), "capability": c}) for c in caps]
 
 
 # ------------------------------------------------------------------------------------------------ target
@@ -104,7 +127,9 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
     from trace_cli.models.refs import resolve_model
 
     cfg = checked_config(NAME, config)
-    cap = cfg["capability"]
+    cap = cfg.get("capability")
+    if not isinstance(cap, str):  # stages.base.execute_each runs one per capability (fan_out)
+        raise UsageError("synthesize makes one environment a run: give it one capability")
     diag = store.resolve(cfg["diagnosis"], kind="diagnosis")
     doc = load_artifact_yaml(diag.path / "capabilities.yaml")
     selected = {c["name"]: c for c in doc.get("selected") or []}

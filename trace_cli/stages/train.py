@@ -14,6 +14,9 @@ GRPO runs in a deterministic work dir `STORE/.tmp/train-<id>/` (checkpoints ever
 finds an interrupted run; the adapter artifact appears only when training finished (atomic commit). Under
 `accelerate launch` every rank trains, and only rank 0 touches the store: the work dir's lock and marker,
 the artifact, the DuckDB index (training/checkpoints.py, training/dist.py).
+
+`method: grpo` on a list of environments fans out (`fan_out`): one adapter per environment, keyed by the
+capability its tasks train, run one by one by stages.base.execute_each (`trace train`, recipe steps).
 """
 
 from __future__ import annotations
@@ -46,6 +49,32 @@ BRANCHES: dict[str, dict[str, Any]] = {
     for b in load_schema(f"config/{NAME}.v1.json")["allOf"]
 }
 OTHER = {"sft": "grpo", "grpo": "sft"}
+FAN_OUT_FAILURE = "failed training"
+
+
+def fans_out(config: Any) -> bool:
+    """A list of environments asks for one GRPO adapter per environment."""
+    return isinstance(config.get("env"), list)
+
+
+def fan_out(config: Any, store: Store) -> list[tuple[str, dict[str, Any]]]:
+    """(capability, config) per environment of the list, the capability being the one its tasks train (which
+    the adapter's summary names, and composition labels its expert by)."""
+    from trace_cli.config.frozen import thaw
+    from trace_cli.envs.registry import make_env
+    from trace_cli.stages.eval import parse_seeds
+
+    if config.get("capability") is not None:
+        raise UsageError("capability: each adapter is for its own environment's capability; drop it")
+    members = []
+    for i, ref in enumerate(config["env"]):
+        cfg = {**thaw(config), "env": ref}
+        seeds = cfg.get("seeds") or _env_train_seeds(ref, store) or _method_config(cfg)["seeds"]
+        cap = _env_capability(make_env(ref, store=store), parse_seeds(seeds)[0])
+        if not cap:
+            raise UsageError(f"env[{i}] {ref!r}: its tasks name no capability to key its adapter by")
+        members.append((cap, cfg))
+    return members
 
 
 def _only(method: str) -> tuple[str, ...]:
@@ -247,11 +276,16 @@ def _prepare_grpo(cfg: dict[str, Any], store: Store) -> Prepared:
     )
     checked = grpo_preflight(cfg, seeds, env, model, store)
     _check_report_to(cfg["report_to"])
-    env.reset(seeds[0])
-    capability = cfg["capability"] or (env.task_metadata() or {}).get("capability")
+    capability = cfg["capability"] or _env_capability(env, seeds[0])
     p = _prepared(cfg, {k: v for k, v in cfg.items() if k not in NOT_IN_ID}, model, store)
     p.extra.update(model=model, seeds=seeds, resume=resume, capability=capability, **checked)
     return p
+
+
+def _env_capability(env: Any, seed: int) -> str | None:
+    """The capability an environment's tasks train (its task_metadata at `seed`): what the adapter is for."""
+    env.reset(seed)
+    return (env.task_metadata() or {}).get("capability")
 
 
 def _check_report_to(report_to: str) -> None:
