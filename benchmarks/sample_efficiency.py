@@ -33,9 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from common import REPO, RESULTS, Stages, command, print_table, write_result
 
 TARGET_TRAIN = 300000  # target seeds for diagnosis and GRPO-on-target (disjoint from the held-out range)
 METHODS = ("base", "grpo_target", "trace", "router", "moe", "merge", "single_best")
@@ -59,7 +57,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--num-generations", type=int, default=8, help="GRPO group size")
     ap.add_argument("--learning-rate", type=float, default=2e-3, help="GRPO learning rate (LoRA)")
     ap.add_argument("--max-new-tokens", type=int, default=120)
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "sample_efficiency.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "sample_efficiency.json")
     ap.add_argument("--plot", type=Path, default=None, help="PNG path (default: next to --out)")
     a = ap.parse_args(argv)
     if a.quick:
@@ -72,29 +70,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
-class Bench:
-    """Runs stages in one store (skip-if-up-to-date makes reruns cheap) and keeps a log of timings."""
+class Bench(Stages):
+    """Stages in one store, timed (common.Stages), and the held-out evaluation every method gets."""
 
     def __init__(self, store_dir: Path, max_new_tokens: int):
-        from trace_cli.store import Store
-
-        self.store = Store(store_dir)
+        super().__init__(store_dir)
         self.max_new_tokens = max_new_tokens
-        self.timings: dict[str, float] = {}
-
-    def stage(self, label: str, stage: str, cfg: dict[str, Any], name: str | None = None):
-        from trace_cli.stages.base import execute
-
-        t = time.monotonic()
-        print(f"[{time.strftime('%H:%M:%S')}] {label} ...", file=sys.stderr, flush=True)
-        out = execute(stage, cfg, self.store, name=name)
-        self.timings[label] = round(time.monotonic() - t, 1)
-        print(f"[{time.strftime('%H:%M:%S')}] {label}: {self.timings[label]} s", file=sys.stderr, flush=True)
-        return out
 
     def eval(self, label: str, model: str, env: str, seeds: str, **kw) -> dict[str, Any]:
         cfg = {"model": model, "env": env, "seeds": seeds, "max_new_tokens": self.max_new_tokens, **kw}
-        out = self.stage(label, "eval", cfg)
+        out = self.run(label, "eval", cfg)
         ev, ro = out.outputs["eval"], out.outputs["rollouts"]
         return {"pass@1": ev.summary["pass@1"], "episodes": ev.summary["episodes"], "solved": solved(ro.path)}
 
@@ -139,18 +124,18 @@ def run_trace(b: Bench, a, base: str, budget: int, seed: int, held: str, base_so
 
     spent = {"diagnosis": a.diagnosis_rollouts, "calibration": 0, "grpo": 0, "moe": 0}
     diag_seeds = f"{TARGET_TRAIN}:{TARGET_TRAIN + a.diagnosis_rollouts}"
-    ro = b.stage(
+    ro = b.run(
         "trace/diagnosis-rollouts",
         "eval",
         {"model": base, "env": a.target, "seeds": diag_seeds, "max_new_tokens": a.max_new_tokens},
     ).outputs["rollouts"]
-    diag = b.stage("trace/diagnose", "diagnose", {"rollouts": ro.uri, "analyst": "rules", "seed": seed})
+    diag = b.run("trace/diagnose", "diagnose", {"rollouts": ro.uri, "analyst": "rules", "seed": seed})
     d_art = diag.outputs["diagnosis"]
     selected = list(d_art.summary.get("selected", []))
     envs: dict[str, str] = {}
     for cap in selected:
         try:
-            out = b.stage(
+            out = b.run(
                 f"trace/synthesize/{cap}",
                 "synthesize",
                 {
@@ -186,7 +171,7 @@ def run_trace(b: Bench, a, base: str, budget: int, seed: int, held: str, base_so
     adapters: dict[str, str] = {}
     for cap, env in envs.items():
         cfg = grpo_cfg(a, env, base, per, seed)
-        art = b.stage(f"trace/train/{cap}", "train", cfg).outputs["adapter"]
+        art = b.run(f"trace/train/{cap}", "train", cfg).outputs["adapter"]
         spent["grpo"] += cfg["max_steps"] * a.episodes_per_step
         adapters[cap] = art.uri
     experts = {cap: b.eval(f"trace/eval/{cap}", uri, a.target, held) for cap, uri in adapters.items()}
@@ -205,7 +190,7 @@ def run_trace(b: Bench, a, base: str, budget: int, seed: int, held: str, base_so
             ("merge", {}),
         ):
             cfg = {"method": method, "base": base, "adapters": uris, "seed": seed, **extra}
-            comp = b.stage(f"trace/compose/{method}", "compose", cfg).outputs["composition"]
+            comp = b.run(f"trace/compose/{method}", "compose", cfg).outputs["composition"]
             comps[method] = b.eval(f"trace/eval/{method}", comp.uri, a.target, held)
         spent["moe"] = moe_rollouts
     for m, e in comps.items():
@@ -249,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     store_dir = a.store or Path(tempfile.mkdtemp(prefix="sample-eff-"))
     b = Bench(store_dir, a.max_new_tokens)
     t0 = time.monotonic()
-    base = b.stage("base/import", "model", {"source": a.base}).outputs["model"].uri
+    base = b.run("base/import", "model", {"source": a.base}).outputs["model"].uri
     base_ev = b.eval("base/eval", base, a.target, a.held_out)
     runs: list[dict[str, Any]] = []
     for budget in a.budgets:
@@ -257,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             row: dict[str, Any] = {"budget": budget, "seed": seed, "base": base_ev["pass@1"]}
             cfg = grpo_cfg(a, a.target, base, budget, seed)
             cfg["seeds"] = f"{TARGET_TRAIN}:{TARGET_TRAIN + 100000}"
-            g = b.stage(f"grpo_target/{budget}/{seed}", "train", cfg).outputs["adapter"]
+            g = b.run(f"grpo_target/{budget}/{seed}", "train", cfg).outputs["adapter"]
             row["grpo_target"] = b.eval(f"grpo_target/eval/{budget}/{seed}", g.uri, a.target, a.held_out)[
                 "pass@1"
             ]
@@ -275,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
     res = {
         "benchmark": "sample_efficiency",
-        "command": " ".join(["python", *sys.argv]),
+        "command": command(),
         "quick": a.quick,
         "held_out": a.held_out,
         "train_seeds": a.train_seeds,
@@ -294,10 +279,9 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": round(time.monotonic() - t0, 1),
         "store": str(store_dir),
     }
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(res, indent=2, default=str) + "\n")
+    write_result(a.out, res)
     plot(rows, a.plot)
-    print_table(rows)
+    print_budgets(rows)
     print(f"\nJSON: {a.out}   plot: {a.plot}   wall {res['wall_s']} s")
     return 0
 
@@ -308,15 +292,17 @@ def gain_ratio(row: dict[str, Any]) -> float | None:
     return round((t - b) / (g - b), 3) if None not in (b, g, t) and g - b > 1e-9 else None
 
 
-def print_table(rows: list[dict[str, Any]]) -> None:
-    def cell(v: dict[str, Any]) -> str:
-        return "-" if v["mean"] is None else f"{v['mean']:.3f}±{v['std']:.3f}"
+def print_budgets(rows: list[dict[str, Any]]) -> None:
+    """pass@1 mean±std of every method at every budget, and the gain ratio."""
 
-    head = f"{'rollouts':>8}  " + "  ".join(f"{m:>13}" for m in METHODS) + f"  {'gain ratio':>10}"
-    print(head)
+    def cell(v: dict[str, Any]) -> str | None:
+        return None if v["mean"] is None else f"{v['mean']:.3f}±{v['std']:.3f}"
+
+    table = []
     for r in rows:
-        ratio = "-" if gain_ratio(r) is None else f"{gain_ratio(r):.2f}x"
-        print(f"{r['rollouts']:>8}  " + "  ".join(f"{cell(r[m]):>13}" for m in METHODS) + f"  {ratio:>10}")
+        ratio = None if gain_ratio(r) is None else f"{gain_ratio(r):.2f}x"
+        table.append([r["rollouts"], *(cell(r[m]) for m in METHODS), ratio])
+    print_table(["rollouts", *METHODS, "gain ratio"], table)
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:

@@ -13,15 +13,12 @@ demonstrations). Prints a table and writes benchmarks/results/smollm2_e2e.json. 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from common import RESULTS, Stages, command, print_table, write_result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--no-grpo", action="store_true")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "smollm2_e2e.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "smollm2_e2e.json")
     a = ap.parse_args(argv)
     import torch
 
@@ -45,22 +42,14 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRACE_NO_PROGRESS", "1")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from trace_cli.errors import TraceError
-    from trace_cli.stages.base import execute
-    from trace_cli.store import Store
 
-    store = Store(a.store)
-    res: dict = {"command": " ".join(["python", *sys.argv]), "threads": a.threads}
+    stages = Stages(a.store)
+    res: dict = {"command": command(), "threads": a.threads}
     t_all = time.monotonic()
 
     def step(label, stage, cfg, **kw):
-        t = time.monotonic()
-        print(f"== {label}: {json.dumps(cfg)}", file=sys.stderr, flush=True)
-        out = execute(stage, cfg, store, **kw)
-        res[f"{label}_s"] = round(time.monotonic() - t, 1)
-        print(
-            f"== {label}: {res[f'{label}_s']} s  {json.dumps(out.main.summary, default=str)[:800]}",
-            file=sys.stderr,
-        )
+        out = stages.run(label, stage, cfg, **kw)
+        res[f"{label}_s"] = stages.timings[label]
         return out.main
 
     base = step("import", "model", {"source": "smollm2-135m-instruct"}, name="smollm2")
@@ -106,13 +95,12 @@ def main(argv: list[str] | None = None) -> int:
         except TraceError as e:
             res["grpo_error"] = f"exit {e.exit_code}: {e}"
     res["total_s"] = round(time.monotonic() - t_all, 1)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(res, indent=2, default=str) + "\n")
+    write_result(a.out, res)
     s = res["eval"]
-    print(f"\n{'step':<8}{'wall s':>10}")
-    for k in ("import", "sft", "eval", "grpo"):
-        if f"{k}_s" in res:
-            print(f"{k:<8}{res[f'{k}_s']:>10}")
+    print()
+    print_table(
+        ["step", "wall s"], [[k, res[f"{k}_s"]] for k in ("import", "sft", "eval", "grpo") if f"{k}_s" in res]
+    )
     print(
         f"\nSFT: {res['sft']['demonstrations']} demos, {res['sft']['steps']} steps, final loss "
         f"{res['sft']['final_loss']:.3f}; eval pass@1 {s['pass@1']:.3f} on {a.eval_seeds} seeds "

@@ -32,7 +32,6 @@ import io
 import json
 import math
 import os
-import platform
 import pstats
 import random
 import resource
@@ -47,7 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from common import REPO, RESULTS, machine, write_result
+
 TAU2_DIR = REPO / "examples" / "tau2"
 CORPUS_VERSION = 1
 
@@ -564,39 +564,6 @@ def baseline(
     }, result
 
 
-def machine() -> dict[str, Any]:
-    import duckdb
-    import pandas
-    import pyarrow
-
-    import trace_cli
-
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        mem_gib = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
-    except (ValueError, OSError):
-        mem_gib = None
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "cpu_model": cpu,
-        "memory_gib": mem_gib,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "duckdb": duckdb.__version__,
-        "pyarrow": pyarrow.__version__,
-        "pandas": pandas.__version__,
-        "trace_cli": trace_cli.__version__,
-    }
-
-
 # ----------------------------------------------------------------------------- report
 
 
@@ -699,9 +666,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="minimum tool calls in the corpus (default: 1000000 at 100 k episodes, else 10 per episode)",
     )
-    p.add_argument(
-        "--out", default=str(REPO / "benchmarks" / "results" / "store_bench.json"), help="JSON results path"
-    )
+    p.add_argument("--out", default=str(RESULTS / "store_bench.json"), help="JSON results path")
     p.add_argument("--quick", action="store_true", help="small smoke run (2000 episodes unless --episodes)")
     p.add_argument("--shard-episodes", type=int, default=20_000, help="episodes per τ²-bench results file")
     p.add_argument("--trials", type=int, default=8, help="average trials per synthetic task")
@@ -754,7 +719,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ["TRACE_NO_PROGRESS"] = "1"  # same code path whether or not stderr is a terminal
-    sys.path.insert(0, str(REPO))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp_owned = args.workdir is None
@@ -775,7 +739,7 @@ def main(argv: list[str] | None = None) -> int:
         res: dict[str, Any] = {
             "benchmark": "store_bench",
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "machine": machine(),
+            "machine": machine("duckdb", "pyarrow", "pandas", "trace_cli"),
             "params": {k: v for k, v in vars(args).items() if k not in ("out", "workdir", "keep")},
             "corpus": {**meta, "reused": reused},
             "goals": {"ingest_episodes_per_s": GOAL_INGEST_EPS, "sql_speedup": GOAL_SPEEDUP},
@@ -863,7 +827,7 @@ def main(argv: list[str] | None = None) -> int:
             "sql_speedup": res["query"]["speedup"] >= GOAL_SPEEDUP,
             "tool_calls_at_least_target": n_sql >= args.tool_calls_target,
         }
-        out.write_text(json.dumps(res, indent=2, default=str) + "\n")
+        write_result(out, res)
         print_report(res)
         print(f"results: {out}")
         if not equal or not equal_tau2:

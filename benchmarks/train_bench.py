@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -34,7 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from common import REPO, RESULTS, machine, write_result
+
 GOAL = 0.95
 KEYS = (
     "steps_per_s",
@@ -71,7 +71,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--quick", action="store_true", help="1 repeat, 2 steps, small batch")
     p.add_argument("--workdir", default=None)
-    p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "train_bench.json"))
+    p.add_argument("--out", default=str(RESULTS / "train_bench.json"))
     p.add_argument("--worker", choices=["bare"], help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -315,33 +315,6 @@ def rates(r: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def machine() -> dict[str, Any]:
-    import peft
-    import torch
-    import transformers
-    import trl
-
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpu_model": cpu,
-        "load_avg": os.getloadavg(),
-        "cuda": torch.cuda.is_available(),
-        "torch": torch.__version__,
-        "trl": trl.__version__,
-        "transformers": transformers.__version__,
-        "peft": peft.__version__,
-        "python": platform.python_version(),
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker == "bare":
@@ -351,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     log = lambda m: print(f"[train_bench {time.strftime('%H:%M:%S')}] {m}", file=sys.stderr, flush=True)  # noqa: E731
     work = Path(args.workdir or tempfile.mkdtemp(prefix="train_bench-"))
     work.mkdir(parents=True, exist_ok=True)
+    import torch
+
     from trace_cli.stages.base import execute
     from trace_cli.store import Store
 
@@ -394,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     res = {
         "benchmark": "train_bench",
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": machine(),
+        "machine": machine("torch", "trl", "transformers", "peft", cuda=torch.cuda.is_available()),
         "params": {k: v for k, v in vars(args).items() if k not in ("out", "workdir", "worker", "spec")},
         "goal_ratio": GOAL,
         "trace": {"runs": trace_runs, **{k: med(trace_runs, k) for k in KEYS}},
@@ -408,9 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if multi is not None:
         res["trace_multi_turn"] = {**multi, **rates(multi)}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2) + "\n")
+    out = write_result(args.out, res)
     print_report(res)
     log(f"wrote {out}")
     return 0

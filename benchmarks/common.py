@@ -1,0 +1,107 @@
+"""What the benchmarks share: the checkout on sys.path, the command and machine a result came from, writing the
+JSON result, a plain text table, and timing stage runs through `trace_cli.stages.base.execute`.
+
+A benchmark runs as a script (`python benchmarks/NAME.py`), so Python puts benchmarks/ first on sys.path and the
+script imports this module as `common`. Importing it puts the repository root on sys.path too, so the
+`trace_cli` measured is the checkout's even where another copy is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+def command() -> str:
+    """How the benchmark was started, as its result records it."""
+    return " ".join(["python", *sys.argv])
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), else what `platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or ""
+
+
+def machine(*packages: str, **extra: Any) -> dict[str, Any]:
+    """The machine a result was measured on: CPUs (count, the ones this process may use, model), memory,
+    load, platform and Python, the `__version__` of each of `packages` (imported here), then `extra`."""
+    import importlib
+
+    try:
+        memory_gib = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        memory_gib = None
+    info: dict[str, Any] = {
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "cpu_model": cpu_model(),
+        "memory_gib": memory_gib,
+        "load_avg": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+    for name in packages:
+        info[name] = getattr(importlib.import_module(name), "__version__", None)
+    return {**info, **extra}
+
+
+def write_result(path: str | Path, doc: dict[str, Any]) -> Path:
+    """The result as indented JSON (values JSON cannot hold as their str), its directory made if need be."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    return path
+
+
+def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """A plain text table on stdout: the first column left-aligned, the others right-aligned, each as wide as its
+    widest cell; None prints as '-'."""
+    cells = [[str(c) for c in columns]] + [["-" if v is None else str(v) for v in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    for r in cells:
+        cols = zip(r, widths, strict=True)
+        print("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(cols)))
+
+
+class Stages:
+    """Runs stages in one store (`execute`: skip-if-up-to-date makes a rerun cheap), logging each to stderr and
+    keeping its wall time, rounded to 0.1 s, by label in `timings`."""
+
+    def __init__(self, store_dir: str | Path):
+        from trace_cli.store import Store
+
+        self.store = Store(store_dir)
+        self.timings: dict[str, float] = {}
+
+    def run(self, label: str, stage: str, config: dict[str, Any], *, name: str | None = None):
+        """`execute(stage, config)` in the store: the stage's Outcome."""
+        from trace_cli.stages.base import execute
+
+        log(f"{label}: {stage} {json.dumps(config, default=str)[:400]}")
+        t = time.monotonic()
+        out = execute(stage, config, self.store, name=name)
+        self.timings[label] = round(time.monotonic() - t, 1)
+        done = "up to date" if out.skipped else json.dumps(out.main.summary, default=str)[:400]
+        log(f"{label}: {self.timings[label]} s  {done}")
+        return out
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
