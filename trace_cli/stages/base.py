@@ -121,11 +121,16 @@ def execute(
     overrides: list[dict[str, Any]] | None = None,
     force: bool = False,
 ) -> Outcome:
-    """Prepare (validate everything), then skip if up to date, else run. The one entry point for CLI and recipes."""
-    return _complete(stage_name, prepare(stage_name, config, store), store, name, overrides, force)
+    """Prepare (validate everything), then skip if up to date, else run: one artifact. The one way the CLI and
+    recipes run a stage, directly or, for a config that may fan out, per member through `execute_each`."""
+    return _complete(
+        stage_name, prepare(stage_name, config, store), store, name=name, overrides=overrides, force=force
+    )
 
 
-def _complete(stage_name: str, prepared: Prepared, store: Store, name, overrides, force: bool) -> Outcome:
+def _complete(
+    stage_name: str, prepared: Prepared, store: Store, *, name=None, overrides=None, force=False
+) -> Outcome:
     from trace_cli.stages import get_stage
 
     if name is not None:
@@ -182,19 +187,13 @@ class Member:
 
 
 def execute_each(
-    stage_name: str,
-    config: dict[str, Any],
-    store: Store,
-    *,
-    name: str | None = None,
-    overrides: list[dict[str, Any]] | None = None,
-    force: bool = False,
-    key_names: bool = False,
+    stage_name: str, config: dict[str, Any], store: Store, *, name=None, key_names=False, **options
 ) -> Iterator[Member]:
-    """`execute` for each artifact of `fan_out`, yielded as it finishes. Every member is prepared, and its name
-    checked, before the first one runs, so a bad member fails before any compute. Members are named NAME-KEY
-    (with `key_names` and no name: KEY). A member that fails its checks (CheckFailed, exit 1) is yielded with
-    its failure and the others still run; `failed` words the summary. A single invocation raises as `execute`."""
+    """`execute` for each artifact of `fan_out` (`options`: execute's overrides and force), yielded as it
+    finishes. Every member is prepared, and its name checked, before the first one runs, so a bad member fails
+    before any compute. Members are named NAME-KEY (with `key_names` and no name: KEY). A member that fails its
+    checks (CheckFailed, exit 1) is yielded with its failure and the others still run; `failed` words the
+    summary. A single invocation raises as `execute`."""
     members = []
     for key, cfg in fan_out(stage_name, config, store):
         own = name
@@ -205,7 +204,7 @@ def execute_each(
         members.append(Member(key, own, prepare(stage_name, cfg, store)))
     for m in members:
         try:
-            m.outcome = _complete(stage_name, m.prepared, store, m.name, overrides, force)
+            m.outcome = _complete(stage_name, m.prepared, store, name=m.name, **options)
         except CheckFailed as e:
             if m.key is None:
                 raise
