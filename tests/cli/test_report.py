@@ -185,3 +185,24 @@ def test_report_renders_in_headless_chromium(demo_store, tmp_path):
     assert im.size == (1200, 3000)
     lo, hi = im.getextrema()
     assert hi - lo > 100  # something was drawn
+
+
+def test_a_recipe_step_that_fans_out_keeps_its_name_key_artifacts(tmp_path):
+    """synthesize without a capability writes NAME-CAPABILITY artifacts: a report for the recipe keeps them."""
+    from types import SimpleNamespace
+
+    from trace_cli.report.collect import _keep, recipe_names
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        "kind: recipe\nversion: 1\nname: r\nsteps:\n"
+        "  - {id: envs, uses: synthesize, name: envs, with: {diagnosis: 'store://diagnosis/d', target: shop,"
+        " model: 'policy:reference'}}\n"
+        "  - {id: ev, uses: eval, name: ev, with: {model: 'policy:reference', env: shop}}\n"
+    )
+    only = recipe_names(recipe)
+    assert only == {"envs-*", "ev"}
+    art = SimpleNamespace(kind="environment", id="abc")
+    assert _keep(art, {("environment", "abc"): ["envs-precondition_verification"]}, only)
+    assert not _keep(art, {("environment", "abc"): ["other-precondition_verification"]}, only)
+    assert not _keep(art, {("environment", "abc"): ["envs"]}, only)

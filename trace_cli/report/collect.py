@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 
 from trace_cli.config import safe_yaml
 from trace_cli.envs.artifact import read_environment
+from trace_cli.errors import TraceError
 from trace_cli.store import Store
 
 
@@ -29,7 +30,11 @@ def _label(art, names: dict[tuple[str, str], list[str]]) -> str:
 
 
 def _keep(art, names, only: set[str] | None) -> bool:
-    return only is None or bool(set(names.get((art.kind, art.id), [])) & only) or art.id in only
+    if only is None or art.id in only:
+        return True
+    mine = names.get((art.kind, art.id), [])
+    # a step that fans out names its artifacts NAME-KEY (one per capability): "NAME-*" in `only`
+    return any(n in only or any(n.startswith(p[:-1]) for p in only if p.endswith("-*")) for n in mine)
 
 
 def _yaml(path: Path) -> dict[str, Any]:
@@ -175,9 +180,17 @@ def routing(store: Store, only: set[str] | None = None) -> list[dict[str, Any]]:
 
 
 def recipe_names(recipe: Path) -> set[str]:
-    """The artifact names a recipe's steps write (what a report restricted to that recipe shows)."""
+    """The artifact names a recipe's steps write (what a report restricted to that recipe shows); a step that
+    fans out writes NAME-KEY, one per capability, given as the pattern "NAME-*"."""
+    from trace_cli.recipes.model import load_recipe
+
+    try:
+        fanning = {s.id for s in load_recipe(recipe).steps if s.fans_out}
+    except TraceError:  # a recipe that no longer validates still names what it wrote
+        fanning = set()
     doc = _yaml(recipe)
-    return {str(s["name"]) for s in doc.get("steps") or [] if isinstance(s, dict) and s.get("name")}
+    steps = [s for s in doc.get("steps") or [] if isinstance(s, dict) and s.get("name")]
+    return {f"{s['name']}-*" if s.get("id") in fanning else str(s["name"]) for s in steps}
 
 
 def collect(
