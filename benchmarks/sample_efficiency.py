@@ -42,7 +42,9 @@ METHODS = ("base", "grpo_target", "trace", "router", "moe", "merge", "single_bes
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
-        "--quick", action="store_true", help="1 training seed, budgets 192,384, 100 held-out seeds"
+        "--quick",
+        action="store_true",
+        help="1 training seed, budgets 192,384, 100 held-out seeds, calibration 8x4 (3 attempts)",
     )
     ap.add_argument("--store", type=Path, default=None, help="store directory (default: a fresh temp dir)")
     ap.add_argument("--base", default=str(REPO / "examples" / "demo-base-agent"), help="base model source")
@@ -52,6 +54,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--held-out", default="500000:500200", help="held-out target seeds A:B (>= 200)")
     ap.add_argument("--diagnosis-rollouts", type=int, default=200, help="TRACE's target rollouts to diagnose")
     ap.add_argument("--calibration", default="16x8", help="calibration seeds x rollouts per attempt")
+    ap.add_argument("--calibration-attempts", type=int, default=5, help="calibration attempts at most")
     ap.add_argument("--moe-seeds", type=int, default=16, help="MoE gate transcripts per environment")
     ap.add_argument("--episodes-per-step", type=int, default=32, help="GRPO episodes per optimizer step")
     ap.add_argument("--num-generations", type=int, default=8, help="GRPO group size")
@@ -62,7 +65,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a = ap.parse_args(argv)
     if a.quick:
         a.budgets, a.train_seeds, a.held_out = "192,384", "0", "500000:500100"
-        a.diagnosis_rollouts, a.calibration, a.moe_seeds = 96, "12x8", 8
+        a.diagnosis_rollouts, a.calibration, a.moe_seeds = 96, "8x4", 8
+        a.calibration_attempts = 3
     a.budgets = sorted(int(x) for x in a.budgets.split(","))
     a.train_seeds = [int(x) for x in a.train_seeds.split(",")]
     a.cal_seeds, a.cal_rollouts = (int(x) for x in a.calibration.split("x"))
@@ -147,13 +151,14 @@ def run_trace(b: Bench, a, base: str, budget: int, seed: int, held: str, base_so
                     "calibration": {
                         "seeds": a.cal_seeds,
                         "rollouts": a.cal_rollouts,
+                        "max_attempts": a.calibration_attempts,
                         "max_new_tokens": a.max_new_tokens,
                     },
                 },
             )
         except TraceError as e:  # calibration out of band after every attempt: count the worst case
             print(f"  {cap}: no environment ({e})", file=sys.stderr)
-            spent["calibration"] += 5 * a.cal_seeds * a.cal_rollouts
+            spent["calibration"] += a.calibration_attempts * a.cal_seeds * a.cal_rollouts
             continue
         env_art = out.outputs["environment"]
         spent["calibration"] += calibration_rollouts(env_art)
@@ -270,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             "learning_rate": a.learning_rate,
             "diagnosis_rollouts": a.diagnosis_rollouts,
             "calibration": a.calibration,
+            "calibration_attempts": a.calibration_attempts,
             "moe_seeds": a.moe_seeds,
         },
         "budgets": rows,
