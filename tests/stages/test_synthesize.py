@@ -666,3 +666,34 @@ def test_hf_author_untrained_model_gives_no_module_and_falls_back(st, in_band):
     assert doc["source"] == "template" and doc["authoring"]["fallback"] == "template"
     assert doc["authoring"]["author"] == "hf" and not doc["authoring"]["modules"][0]["accepted"]
     assert doc["authoring"]["modules"][0]["reason"].startswith("no usable module")
+
+
+def test_tools_needed_offers_only_the_templates_tools(st, in_band):
+    """tools: needed keeps the template's own tool list (an agent that reads the list as a cue to the kind of
+    task sees what the target shows for that kind); the default offers the target's whole action space."""
+    from trace_cli.envs.synthetic import TEMPLATES
+
+    diag = make_diagnosis(st, selected=["precondition_verification"])
+    cfg = {
+        "diagnosis": diag,
+        "capability": "precondition_verification",
+        "target": "shop",
+        "model": "policy:random",
+        "calibration": SMALL,
+    }
+    needed = execute("synthesize", {**cfg, "tools": "needed"}, st, name="needed").main
+    whole = execute("synthesize", cfg, st, name="whole").main
+    assert needed.id != whole.id
+    names = {
+        a.id: [
+            t["function"]["name"] for t in yaml.safe_load((a.path / "environment.yaml").read_text())["tools"]
+        ]
+        for a in (needed, whole)
+    }
+    assert names[needed.id] == list(TEMPLATES["precondition_verification"].TOOLS)
+    assert names[whole.id][: len(names[needed.id])] == names[needed.id]
+    assert "list_user_orders" in names[whole.id] and "list_user_orders" not in names[needed.id]
+    obs = make_env("store://environment/needed", store=st).reset(1000000)
+    assert [t["function"]["name"] for t in obs.tools] == names[needed.id]
+    with pytest.raises(UsageError, match="needs author: template"):
+        execute("synthesize", {**cfg, "tools": "needed", "author": "hf", "llm": {"model": "x"}}, st)

@@ -162,6 +162,11 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
             f"calibration.seeds ({cal['seeds']}) is more than the train range {cfg['seeds']['train']} holds"
         )
     target = resolve_target(cfg["target"], store)
+    if cfg["tools"] == "needed":
+        if cfg["author"] != "template":
+            raise UsageError("tools: needed keeps the template's own tool list; it needs author: template")
+        needed = set(TEMPLATES[cap].TOOLS)
+        target = {**target, "tools": {n: t for n, t in target["tools"].items() if n in needed}}
     model = resolve_model(cfg["model"], store)
     if cap in TEMPLATES:  # validate the difficulty parameters now, before any compute
         TEMPLATES[cap](tools=target["tools"], max_turns=cfg["max_turns"], **cfg["params"])
