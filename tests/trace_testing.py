@@ -103,3 +103,40 @@ def episode(eid: str = "ep-1", task_id: str = "t1", reward: float = 1.0, **extra
     }
     rec.update(extra)
     return rec
+
+
+def make_diagnosis(store, selected, name="diag", rollouts="store://rollouts/none") -> str:
+    """A diagnosis artifact that selects `selected` (what synthesize reads), written straight to `store`."""
+    import yaml
+
+    from trace_cli.config.schemas import validate
+
+    doc = {
+        "kind": "diagnosis",
+        "version": 1,
+        "rollouts": rollouts,
+        "analyst": "rules",
+        "thresholds": {"coverage_min": 0.1, "delta_min": 0.2, "runs": 10, "min_runs": 8},
+        "episodes": {"failed": 5, "passed": 5},
+        "selected": [
+            {
+                "name": n,
+                "description": f"The {n.replace('_', ' ')} capability.",
+                "mean_delta": 0.5,
+                "std_delta": 0.1,
+                "mean_coverage": 0.3,
+                "std_coverage": 0.1,
+                "runs_passed": 10,
+                "runs_total": 10,
+                "example_failed_task_ids": ["0", "1"],
+            }
+            for n in selected
+        ],
+        "rejected": [],
+    }
+    validate(doc, "diagnosis.v1.json")
+    with store.writer(
+        "diagnosis", "diagnose", {"test": list(selected), "rollouts": rollouts}, [], name=name
+    ) as w:
+        (w.path / "capabilities.yaml").write_text(yaml.safe_dump(doc))
+    return f"store://diagnosis/{name}"

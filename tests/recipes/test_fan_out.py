@@ -14,9 +14,8 @@ import pytest
 import tinymodel
 import yaml
 from grpo_helpers import grpo_config, set_env
-from trace_testing import episode, run_cli, snapshot, write_jsonl
+from trace_testing import episode, make_diagnosis, run_cli, snapshot, write_jsonl
 
-from trace_cli.config.schemas import validate
 from trace_cli.errors import CheckFailed
 from trace_cli.recipes import load_recipe
 from trace_cli.recipes.runner import _substitute
@@ -281,34 +280,6 @@ def test_failed_members_are_reported_and_the_others_kept(recipe, store):
 # ---------------------------------------------------------------------------------------------- the loop
 
 
-def write_diagnosis(store: Store, selected: list[str]) -> str:
-    doc = {
-        "kind": "diagnosis",
-        "version": 1,
-        "rollouts": "store://rollouts/none",
-        "analyst": "rules",
-        "thresholds": {"coverage_min": 0.1, "delta_min": 0.2, "runs": 10, "min_runs": 8},
-        "episodes": {"failed": 5, "passed": 5},
-        "selected": [
-            {
-                "name": n,
-                "description": f"The {n.replace('_', ' ')} capability.",
-                **dict.fromkeys(("mean_delta", "mean_coverage"), 0.5),
-                **dict.fromkeys(("std_delta", "std_coverage"), 0.1),
-                "runs_passed": 10,
-                "runs_total": 10,
-                "example_failed_task_ids": ["0"],
-            }
-            for n in selected
-        ],
-        "rejected": [],
-    }
-    validate(doc, "diagnosis.v1.json")
-    with store.writer("diagnosis", "diagnose", {"test": selected}, [], name="diag") as w:
-        (w.path / "capabilities.yaml").write_text(yaml.safe_dump(doc))
-    return "store://diagnosis/diag"
-
-
 def test_one_environment_and_adapter_per_capability_then_composed(tmp_path_factory, tmp_path):
     """The TRACE loop's fan-out in one recipe: synthesize without a capability makes one environment per
     capability the diagnosis selected; GRPO on their list one adapter each (tiny model, one step); compose
@@ -317,7 +288,7 @@ def test_one_environment_and_adapter_per_capability_then_composed(tmp_path_facto
     tiny = tinymodel.tiny(tmp_path_factory)
     caps = ["precondition_verification", "multi_step_completion"]
     st = Store(tmp_path / "store")
-    diag = write_diagnosis(st, caps)
+    diag = make_diagnosis(st, caps)
     grpo = grpo_config(tiny.hf, env="${steps.envs.outputs.environment}", max_steps=1, require_learning=False)
     grpo.update(num_generations=2, per_device_batch_size=2, max_new_tokens=8)
     steps = [

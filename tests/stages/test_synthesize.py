@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from trace_testing import TAU2_FILES, run_cli
+from trace_testing import TAU2_FILES, make_diagnosis, run_cli
 
 import trace_cli.stages.synthesize as synth
 from trace_cli.config.schemas import validate
@@ -30,38 +30,6 @@ CAPS = [
     "tool_calling_precision",
 ]
 SMALL = {"seeds": 12, "rollouts": 8, "batch_size": 48}
-
-
-def make_diagnosis(store: Store, selected=CAPS, name="diag", rollouts="store://rollouts/none") -> str:
-    doc = {
-        "kind": "diagnosis",
-        "version": 1,
-        "rollouts": rollouts,
-        "analyst": "rules",
-        "thresholds": {"coverage_min": 0.1, "delta_min": 0.2, "runs": 10, "min_runs": 8},
-        "episodes": {"failed": 5, "passed": 5},
-        "selected": [
-            {
-                "name": n,
-                "description": f"The {n.replace('_', ' ')} capability.",
-                "mean_delta": 0.5,
-                "std_delta": 0.1,
-                "mean_coverage": 0.3,
-                "std_coverage": 0.1,
-                "runs_passed": 10,
-                "runs_total": 10,
-                "example_failed_task_ids": ["0", "1"],
-            }
-            for n in selected
-        ],
-        "rejected": [],
-    }
-    validate(doc, "diagnosis.v1.json")
-    with store.writer(
-        "diagnosis", "diagnose", {"test": list(selected), "rollouts": rollouts}, [], name=name
-    ) as w:
-        (w.path / "capabilities.yaml").write_text(yaml.safe_dump(doc))
-    return f"store://diagnosis/{name}"
 
 
 class MixPolicy:
@@ -95,7 +63,7 @@ def in_band(monkeypatch):
 
 
 def test_reference_policy_is_too_good_exit_1_with_numbers(st):
-    diag = make_diagnosis(st)
+    diag = make_diagnosis(st, CAPS)
     r = run_cli(
         "synthesize",
         "--diagnosis",
@@ -119,7 +87,7 @@ def test_reference_policy_is_too_good_exit_1_with_numbers(st):
 
 
 def test_calibration_failure_raises_checkfailed_with_attempts(st):
-    diag = make_diagnosis(st)
+    diag = make_diagnosis(st, CAPS)
     with pytest.raises(CheckFailed) as e:
         execute(
             "synthesize",
@@ -191,7 +159,7 @@ def test_capability_must_be_selected_and_have_a_template(st):
 
 
 def test_every_selected_capability_gets_an_artifact_that_eval_loads(st, in_band):
-    diag = make_diagnosis(st)
+    diag = make_diagnosis(st, CAPS)
     r = run_cli(
         "synthesize",
         "--diagnosis",
@@ -288,7 +256,7 @@ def test_calibration_adjusts_difficulty_then_passes(st, monkeypatch):
             super().begin(state)
 
     monkeypatch.setattr(synth, "load_calibration_policy", lambda model, store, cfg: LevelPolicy())
-    diag = make_diagnosis(st)
+    diag = make_diagnosis(st, CAPS)
     art = execute(
         "synthesize",
         {
@@ -319,7 +287,7 @@ def test_target_from_tau2_rollouts_keeps_its_schemas(retail_store, in_band):
     from trace_cli.envs.synthetic import recover_tools
 
     st = retail_store
-    diag = make_diagnosis(st, name="diag-tau2", rollouts="store://rollouts/tau2-retail")
+    diag = make_diagnosis(st, CAPS, name="diag-tau2", rollouts="store://rollouts/tau2-retail")
     recovered = recover_tools(st.resolve("rollouts/tau2-retail"))
     for cap in ("structured_data_reasoning", "precondition_verification"):
         art = execute(
@@ -365,7 +333,7 @@ def test_fan_out_names_each_capability_and_collects_failures(st, monkeypatch):
         "load_calibration_policy",
         lambda model, store, cfg: MixPolicy(p=0.4 if cfg["capability"] == CAPS[0] else 1.0),
     )
-    diag = make_diagnosis(st)
+    diag = make_diagnosis(st, CAPS)
     cfg = {"diagnosis": diag, "model": "policy:random", "calibration": {**SMALL, "max_attempts": 1}}
     assert [k for k, _ in fan_out("synthesize", cfg, st)] == CAPS  # none given: every selected one
     assert fan_out("synthesize", {**cfg, "capability": CAPS[0]}, st) == [
