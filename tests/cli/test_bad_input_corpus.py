@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from bad_input_cases import CASES, make_files, tau2_file
-from trace_testing import run_trace, snapshot, write_jsonl
+from trace_testing import make_diagnosis, run_trace, snapshot, write_jsonl
 
 from trace_cli.store import Store
 
@@ -39,33 +39,7 @@ def world(tmp_path_factory) -> dict[str, Path]:
 
 
 def _diagnosis(st: Store) -> None:
-    import yaml
-
-    cap = "precondition_verification"
-    doc = {
-        "kind": "diagnosis",
-        "version": 1,
-        "rollouts": "store://rollouts/good",
-        "analyst": "rules",
-        "thresholds": {"coverage_min": 0.1, "delta_min": 0.2, "runs": 10, "min_runs": 8},
-        "episodes": {"failed": 5, "passed": 5},
-        "selected": [
-            {
-                "name": cap,
-                "description": "Checks preconditions before acting.",
-                "mean_delta": 0.5,
-                "std_delta": 0.1,
-                "mean_coverage": 0.3,
-                "std_coverage": 0.1,
-                "runs_passed": 10,
-                "runs_total": 10,
-                "example_failed_task_ids": ["0"],
-            }
-        ],
-        "rejected": [],
-    }
-    with st.writer("diagnosis", "diagnose", {"test": [cap]}, [], name="diag") as w:
-        (w.path / "capabilities.yaml").write_text(yaml.safe_dump(doc))
+    make_diagnosis(st, ["precondition_verification"], rollouts="store://rollouts/good")
 
 
 def _fill(s: str, world: dict[str, Path]) -> str:

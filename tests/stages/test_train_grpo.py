@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from grpo_helpers import CAPABILITY, ENV_VARS, TEST_ENV, grpo_config, register_parity, set_env, tiny_model  # noqa: E402
-from trace_testing import BIN, REPO, run_cli, snapshot  # noqa: E402
+from trace_testing import BIN, REPO, make_diagnosis, run_cli, snapshot  # noqa: E402
 
 from trace_cli.stages.base import execute  # noqa: E402
 from trace_cli.store import Store  # noqa: E402
@@ -502,30 +502,7 @@ def test_trains_on_a_synthesized_environment(model_dir, tmp_path, monkeypatch):
 
     store = Store(tmp_path / "store")
     cap = "precondition_verification"
-    doc = {
-        "kind": "diagnosis",
-        "version": 1,
-        "rollouts": "store://rollouts/none",
-        "analyst": "rules",
-        "thresholds": {"coverage_min": 0.1, "delta_min": 0.2, "runs": 10, "min_runs": 8},
-        "episodes": {"failed": 5, "passed": 5},
-        "selected": [
-            {
-                "name": cap,
-                "description": "Checks preconditions.",
-                "mean_delta": 0.5,
-                "std_delta": 0.1,
-                "mean_coverage": 0.3,
-                "std_coverage": 0.1,
-                "runs_passed": 10,
-                "runs_total": 10,
-                "example_failed_task_ids": ["0"],
-            }
-        ],
-        "rejected": [],
-    }
-    with store.writer("diagnosis", "diagnose", {"test": cap}, [], name="diag") as w:
-        (w.path / "capabilities.yaml").write_text(yaml.safe_dump(doc))
+    make_diagnosis(store, [cap])
     monkeypatch.setattr(synth, "load_calibration_policy", lambda model, store, cfg: _Mix())
     execute(
         "synthesize",
