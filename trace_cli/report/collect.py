@@ -185,12 +185,11 @@ def recipe_names(recipe: Path) -> set[str]:
     from trace_cli.recipes.model import load_recipe
 
     try:
-        fanning = {s.id for s in load_recipe(recipe).steps if s.fans_out}
+        steps = load_recipe(recipe).steps
     except TraceError:  # a recipe that no longer validates still names what it wrote
-        fanning = set()
-    doc = _yaml(recipe)
-    steps = [s for s in doc.get("steps") or [] if isinstance(s, dict) and s.get("name")]
-    return {f"{s['name']}-*" if s.get("id") in fanning else str(s["name"]) for s in steps}
+        doc = _yaml(recipe)
+        return {str(s["name"]) for s in doc.get("steps") or [] if isinstance(s, dict) and s.get("name")}
+    return {f"{s.name}-*" if s.fans_out else s.name for s in steps if s.name}
 
 
 def collect(
