@@ -174,11 +174,14 @@ def run_trace(b: Bench, a, base: str, budget: int, seed: int, held: str, base_so
         result["over_budget"] = f"{left} rollouts left for {len(envs)} adapters"
         per = a.episodes_per_step
     adapters: dict[str, str] = {}
+    # require_learning is off (a budget too small to learn is a result): say how much of each run had no signal
+    constant: dict[str, Any] = result.setdefault("constant_groups", {})
     for cap, env in envs.items():
         cfg = grpo_cfg(a, env, base, per, seed)
         art = b.run(f"trace/train/{cap}", "train", cfg).outputs["adapter"]
         spent["grpo"] += cfg["max_steps"] * a.episodes_per_step
         adapters[cap] = art.uri
+        constant[cap] = art.summary.get("frac_constant_groups")
     experts = {cap: b.eval(f"trace/eval/{cap}", uri, a.target, held) for cap, uri in adapters.items()}
     result["experts"] = {cap: e["pass@1"] for cap, e in experts.items()}
     best = max(experts, key=lambda c: experts[c]["pass@1"])
@@ -252,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                 "pass@1"
             ]
             row["grpo_rollouts"] = cfg["max_steps"] * a.episodes_per_step
+            row["grpo_constant_groups"] = g.summary.get("frac_constant_groups")
             row.update(run_trace(b, a, base, budget, seed, a.held_out, base_ev["solved"]))
             runs.append(row)
             print(json.dumps(row, default=str), file=sys.stderr, flush=True)
