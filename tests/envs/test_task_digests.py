@@ -18,7 +18,7 @@ from trace_cli.envs.shop.tasks import FAMILIES
 from trace_cli.envs.synthetic import TEMPLATES
 
 SHOP_DIGEST = "7ecf49128474f94ebcd3e15d7c373a8f3f1dd41aca89026fd94f514e0d0d83e1"
-SYNTHETIC_DIGEST = "828f9de9f5806f78d17ccd3b899c604ceb8e29b590e0689ca31fb658ad0c44ba"
+SYNTHETIC_DIGEST = "7af0d57e35eb27c451961d65f35d0fa907fa8231caf13badfedbfa3296f3fe34"
 
 
 def _digest(items: Iterable[Any]) -> str:

@@ -637,8 +637,9 @@ def test_hf_author_untrained_model_gives_no_module_and_falls_back(st, in_band):
 
 
 def test_tools_needed_offers_only_the_templates_tools(st, in_band):
-    """tools: needed keeps the template's own tool list (an agent that reads the list as a cue to the kind of
-    task sees what the target shows for that kind); the default offers the target's whole action space."""
+    """tools: needed keeps the template's own tool list and the target's hand-off to a human, last as in every
+    target task (an agent that reads the list as a cue to the kind of task sees what the target shows for that
+    kind); the default offers the target's whole action space."""
     from trace_cli.envs.synthetic import TEMPLATES
 
     diag = make_diagnosis(st, selected=["precondition_verification"])
@@ -658,8 +659,8 @@ def test_tools_needed_offers_only_the_templates_tools(st, in_band):
         ]
         for a in (needed, whole)
     }
-    assert names[needed.id] == list(TEMPLATES["precondition_verification"].TOOLS)
-    assert names[whole.id][: len(names[needed.id])] == names[needed.id]
+    assert names[needed.id] == [*TEMPLATES["precondition_verification"].TOOLS, "transfer_to_human_agents"]
+    assert names[whole.id][: len(names[needed.id]) - 1] == names[needed.id][:-1]
     assert "list_user_orders" in names[whole.id] and "list_user_orders" not in names[needed.id]
     obs = make_env("store://environment/needed", store=st).reset(1000000)
     assert [t["function"]["name"] for t in obs.tools] == names[needed.id]

@@ -2,7 +2,10 @@
 
 Every operation is allowed (pending orders to cancel, delivered orders to return from, a fully spelled-out
 address), so the only difficulty is doing all of them, each with exact arguments, before ending. Returns name
-the product, so the agent reads the order to find the item id.
+the product, so the agent reads the order to find the item id. Tasks follow the target's own multi-operation
+requests (the shop's `multi_op` family): the same tools in the same order, the same numbered request, one
+`list_user_orders` check after authenticating, cancels without reading the order (the check shows every status).
+A one-operation task (the easy levels) is the same request with a single item.
 
 Reward = fraction of the requested operations whose record ends exactly as the reference leaves it, halved
 if anything else changed; success = every operation done and nothing else changed.
@@ -21,10 +24,9 @@ from trace_cli.envs.shop.tasks.common import (
     cancel_op,
     customer,
     done,
-    join_ops,
     return_op,
 )
-from trace_cli.envs.synthetic.base import Knob, Scenario, SyntheticEnv, scenario
+from trace_cli.envs.synthetic.base import Knob, Scenario, SyntheticEnv, call, scenario
 
 OPS = ("cancel", "return", "address")
 
@@ -32,7 +34,7 @@ OPS = ("cancel", "return", "address")
 class MultiStepCompletion(SyntheticEnv):
     capability = "multi_step_completion"
     description = "Several independent write operations requested at once; all must be completed."
-    TOOLS = (*AUTH_TOOLS, "get_order_details", *ORDER_CHANGES, "modify_user_address")
+    TOOLS = (*AUTH_TOOLS, "list_user_orders", "get_order_details", *ORDER_CHANGES, "modify_user_address")
     KNOBS = {
         "n_orders": Knob(int, 3, 10, doc="orders of the customer"),
         "min_ops": Knob(int, 1, 5, doc="fewest operations of a multi-step task"),
@@ -91,17 +93,18 @@ class MultiStepCompletion(SyntheticEnv):
             targets.append(("orders", order["order_id"]))
             if kind == "cancel":
                 order["status"] = "pending"
-                ops.append(cancel_op(rng, order["order_id"], read=True))
+                ops.append(cancel_op(rng, order["order_id"], read=False))
             else:
                 order["status"] = "delivered"
                 line = rng.choice(order["items"])
                 answers.append(line["item_id"])
                 ops.append(return_op(order, line))
-        if len(ops) == 1:
-            request = f"Please {ops[0][0]}."
-        else:
-            request = "I need several things done: " + join_ops([t for t, _, _ in ops]) + "."
-        reference = [c.auth] + [a for _, acts, _ in ops for a in acts] + [done(ops)]
+        texts = [t for t, _, _ in ops]
+        request = (
+            "I need several things done: " + "; ".join(f"{i + 1}) {t}" for i, t in enumerate(texts)) + "."
+        )
+        check = call("list_user_orders", user_id=uid)  # one read shows every order's status
+        reference = [c.auth, check] + [a for _, acts, _ in ops for a in acts] + [done(ops)]
         return scenario(c, request, reference, answers, variant=f"{len(ops)}_ops", data={"targets": targets})
 
     def grade(self) -> tuple[dict[str, float], dict[str, Any]]:
