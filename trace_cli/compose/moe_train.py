@@ -173,8 +173,8 @@ def train_gates(
             row = {
                 "step": step,
                 "loss": float(loss.detach()),
-                "ce": float(ce),
-                "aux": float(aux),
+                "ce": float(ce.detach()),
+                "aux": float(aux.detach()),
                 "token_accuracy": float(acc),
                 "elapsed_s": time.monotonic() - t0,
             }
