@@ -3,6 +3,7 @@ nesting and huge documents fail fast with exit 2; recipe validation is linear in
 
 from __future__ import annotations
 
+import gc
 import time
 
 import pytest
@@ -133,10 +134,15 @@ def test_recipe_validation_is_linear_in_steps(tmp_path):
         f = tmp_path / f"r{n}.yaml"
         f.write_text(_recipe(n))
         best = float("inf")
-        for _ in range(2):
-            t0 = time.perf_counter()
-            recipe = load_recipe(f)
-            best = min(best, time.perf_counter() - t0)
+        for _ in range(3):  # best of 3, without the collector: the ratio, not the machine's load, is tested
+            gc.collect()
+            gc.disable()
+            try:
+                t0 = time.perf_counter()
+                recipe = load_recipe(f)
+                best = min(best, time.perf_counter() - t0)
+            finally:
+                gc.enable()
         assert len(recipe.steps) == n and len(recipe.topo_order()) == n
         times[n] = best
     print(f"recipe validation: {times}")
