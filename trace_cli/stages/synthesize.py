@@ -165,8 +165,10 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
     if cfg["tools"] == "needed":
         if cfg["author"] != "template":
             raise UsageError("tools: needed keeps the template's own tool list; it needs author: template")
+        from trace_cli.envs.shop.tasks.common import HANDOFF
+
         # the template's tools, and the target's hand-off to a human, which every target task offers last
-        needed = {*TEMPLATES[cap].TOOLS, "transfer_to_human_agents"}
+        needed = {*TEMPLATES[cap].TOOLS, HANDOFF}
         target = {**target, "tools": {n: t for n, t in target["tools"].items() if n in needed}}
     model = resolve_model(cfg["model"], store)
     if cap in TEMPLATES:  # validate the difficulty parameters now, before any compute

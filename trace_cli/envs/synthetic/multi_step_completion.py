@@ -25,6 +25,7 @@ from trace_cli.envs.shop.tasks.common import (
     customer,
     done,
     return_op,
+    several_things,
 )
 from trace_cli.envs.synthetic.base import Knob, Scenario, SyntheticEnv, call, scenario
 
@@ -99,10 +100,7 @@ class MultiStepCompletion(SyntheticEnv):
                 line = rng.choice(order["items"])
                 answers.append(line["item_id"])
                 ops.append(return_op(order, line))
-        texts = [t for t, _, _ in ops]
-        request = (
-            "I need several things done: " + "; ".join(f"{i + 1}) {t}" for i, t in enumerate(texts)) + "."
-        )
+        request = several_things([t for t, _, _ in ops])
         check = call("list_user_orders", user_id=uid)  # one read shows every order's status
         reference = [c.auth, check] + [a for _, acts, _ in ops for a in acts] + [done(ops)]
         return scenario(c, request, reference, answers, variant=f"{len(ops)}_ops", data={"targets": targets})

@@ -25,6 +25,8 @@ ORDER_STATUSES = ("pending", "processed", "delivered", "cancelled")
 AUTH_TOOLS = ("find_user_id_by_email", "find_user_id_by_name_zip")
 # The two changes to an order whose permission depends on its status (cancel: pending; return: delivered).
 ORDER_CHANGES = ("cancel_pending_order", "return_delivered_order_items")
+# The hand-off to a human: every task offers it, last.
+HANDOFF = "transfer_to_human_agents"
 
 STATE_NAMES = {
     "TX": "Texas",
@@ -80,7 +82,7 @@ def say(text: str) -> Action:
 
 def task_tools(*needed: str) -> list[str]:
     """The tools a shop task exposes: authentication, the ones it needs, and the transfer to a human."""
-    return [*AUTH_TOOLS, *needed, "transfer_to_human_agents"]
+    return [*AUTH_TOOLS, *needed, HANDOFF]
 
 
 # -- the customer ----------------------------------------------------------------------------------------
@@ -269,7 +271,16 @@ def address_change(rng: random.Random, auth: Action, uid: str, a: dict[str, str]
 def join_ops(texts: list[str]) -> str:
     if len(texts) == 1:
         return texts[0]
+    return numbered(texts)
+
+
+def numbered(texts: list[str]) -> str:
     return "; ".join(f"{i + 1}) {t}" for i, t in enumerate(texts))
+
+
+def several_things(texts: list[str]) -> str:
+    """The request of a multi-operation task (numbered, also when there is one operation)."""
+    return "I need several things done: " + numbered(texts) + "."
 
 
 def cancel_op(rng: random.Random, oid: str, *, read: bool) -> Op:

@@ -21,13 +21,13 @@ from trace_cli.envs.shop.tasks.common import (
     done,
     gift_card,
     identify,
-    join_ops,
     lines_of_other_products,
     most_recent_delivered,
     new_address,
     priced_lines,
     return_op,
     say,
+    several_things,
     task_tools,
     world,
 )
@@ -252,7 +252,7 @@ def build_multi_op(rng: random.Random, n_orders: int) -> Task:
     if n_address:
         ops.append(address_op(b, user))
     rng.shuffle(ops)
-    request = "I need several things done: " + join_ops([t for t, _, _ in ops]) + "."
+    request = several_things([t for t, _, _ in ops])
     check = call("list_user_orders", user_id=uid)  # one read shows every order's status
     reference = [auth, check] + [a for _, acts, _ in ops for a in acts] + [done(ops)]
     partial = [auth, check, *ops[0][1], done(ops[:1])]
