@@ -3,23 +3,31 @@
 
 From one base agent (default: the demo's, examples/demo-base-agent), at every budget B (rollouts, all counted):
 - base:        the base agent, untrained;
-- grpo_target: one GRPO LoRA adapter trained on the target environment (shop) with B rollouts;
+- grpo_target: a GRPO LoRA adapter trained on the target environment (shop) with B rollouts;
 - TRACE:       diagnose the base agent's own target rollouts (D rollouts, counted), synthesize and calibrate one
-               environment per selected capability with the base agent (calibration rollouts counted), train one
+               environment per selected capability (calibration rollouts counted; the base agent calibrates, except
+               where --calibrator names another policy, as the demo recipe does for multi_step_completion), train one
                GRPO adapter per environment with what is left of B, and compose them: `moe` (ours, the headline
-               `trace` column), `router` (the paper's) and `merge` (the consolidation ablation). The MoE gates'
-               training transcripts are rollouts too and are counted.
+               `trace` column), `router` (the paper's) and `merge` (the consolidation ablation, largest budget).
+               The MoE gates' training transcripts are rollouts too and are counted.
+One GRPO run per method and training seed gives every budget: it stores the adapter after the step each smaller
+budget affords (`snapshot_steps`; lr_scheduler constant, so a snapshot after k steps is what a k-step run trains).
 Every method is measured on the same held-out target seeds (never used by any training, diagnosis or calibration
-step), with several training seeds per method; the table reports mean ± std over training seeds.
+step), with several training seeds per method; the table reports mean +- std over training seeds.
 
-Ablations in the same run: the single best adapter against the compositions, and the held-out tasks that exactly
-one expert solves (alone, as a plain adapter) that the base does not: how many of them each composition keeps.
+Ablations in the same run (largest budget): the single best adapter against the compositions, and the held-out
+tasks that exactly one expert solves (alone, as a plain adapter) that the base does not: how many of them each
+composition keeps; per task family, pass@1 of base, GRPO-on-target and the compositions (where the gain comes from).
 
 Prints a table, writes JSON (`budgets` rows: rollouts, base, grpo_target, trace, router, moe, merge, single_best,
 each {mean, std, runs}) and a PNG plot of pass@1 against rollouts.
 
     python benchmarks/sample_efficiency.py --quick        # 1 training seed, 2 budgets, 100 held-out seeds
     OMP_NUM_THREADS=1 nohup python benchmarks/sample_efficiency.py > se.log 2>&1 &   # full: 4 budgets x 3 seeds
+    # the full run split over processes (one per core), then combined:
+    for s in 0 1 2; do OMP_NUM_THREADS=1 nohup python benchmarks/sample_efficiency.py --train-seeds $s \\
+        --out results/se-$s.json > se-$s.log 2>&1 & done; wait
+    python benchmarks/sample_efficiency.py --combine results/se-0.json results/se-1.json results/se-2.json
 """
 
 from __future__ import annotations
@@ -37,39 +45,64 @@ from common import REPO, RESULTS, Stages, command, print_table, write_result
 
 TARGET_TRAIN = 300000  # target seeds for diagnosis and GRPO-on-target (disjoint from the held-out range)
 METHODS = ("base", "grpo_target", "trace", "router", "moe", "merge", "single_best")
+TWIN = "policy:demonstration?rate=0.5"  # the base agent's scripted twin (the demo recipe's multi-step calibrator)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n\n".join(__doc__.split("\n\n")[-1:]),
+    )
     ap.add_argument(
         "--quick",
         action="store_true",
-        help="1 training seed, budgets 192,384, 100 held-out seeds, calibration 8x4 (3 attempts)",
+        help="1 training seed, budgets 512,768, 100 held-out seeds, diagnosis 100, calibration 8x4",
     )
     ap.add_argument("--store", type=Path, default=None, help="store directory (default: a fresh temp dir)")
     ap.add_argument("--base", default=str(REPO / "examples" / "demo-base-agent"), help="base model source")
     ap.add_argument("--target", default="shop")
-    ap.add_argument("--budgets", default="256,512,1024,2048", help="rollout budgets, comma-separated")
+    ap.add_argument("--budgets", default="512,640,768,1024", help="rollout budgets, comma-separated")
     ap.add_argument("--train-seeds", default="0,1,2", help="training seeds per method")
     ap.add_argument("--held-out", default="500000:500200", help="held-out target seeds A:B (>= 200)")
-    ap.add_argument("--diagnosis-rollouts", type=int, default=200, help="TRACE's target rollouts to diagnose")
-    ap.add_argument("--calibration", default="16x8", help="calibration seeds x rollouts per attempt")
-    ap.add_argument("--calibration-attempts", type=int, default=5, help="calibration attempts at most")
+    ap.add_argument("--diagnosis-rollouts", type=int, default=100, help="TRACE's target rollouts to diagnose")
+    ap.add_argument("--calibration", default="16x4", help="calibration seeds x rollouts per attempt")
+    ap.add_argument("--calibration-attempts", type=int, default=3, help="calibration attempts at most")
+    ap.add_argument(
+        "--calibrator",
+        action="append",
+        default=None,
+        metavar="CAPABILITY=MODEL",
+        help=f"calibrate this capability's environment with MODEL instead of the base agent (default: "
+        f"multi_step_completion={TWIN}, as the demo recipe; 'none' for the base agent everywhere)",
+    )
     ap.add_argument("--moe-seeds", type=int, default=16, help="MoE gate transcripts per environment")
     ap.add_argument("--episodes-per-step", type=int, default=32, help="GRPO episodes per optimizer step")
     ap.add_argument("--num-generations", type=int, default=8, help="GRPO group size")
     ap.add_argument("--learning-rate", type=float, default=2e-3, help="GRPO learning rate (LoRA)")
     ap.add_argument("--max-new-tokens", type=int, default=120)
-    ap.add_argument("--out", type=Path, default=RESULTS / "sample_efficiency.json")
+    ap.add_argument(
+        "--out", type=Path, default=None, help="JSON path (default: results/sample_efficiency[_quick].json)"
+    )
     ap.add_argument("--plot", type=Path, default=None, help="PNG path (default: next to --out)")
+    ap.add_argument(
+        "--combine",
+        nargs="+",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="no training: merge the runs of these result files (one per training seed) into one table",
+    )
     a = ap.parse_args(argv)
     if a.quick:
-        a.budgets, a.train_seeds, a.held_out = "192,384", "0", "500000:500100"
-        a.diagnosis_rollouts, a.calibration, a.moe_seeds = 96, "8x4", 8
-        a.calibration_attempts = 3
+        a.budgets, a.train_seeds, a.held_out = "512,768", "0", "500000:500100"
+        a.calibration, a.moe_seeds = "8x4", 8
     a.budgets = sorted(int(x) for x in a.budgets.split(","))
     a.train_seeds = [int(x) for x in a.train_seeds.split(",")]
     a.cal_seeds, a.cal_rollouts = (int(x) for x in a.calibration.split("x"))
+    cal = a.calibrator if a.calibrator is not None else [f"multi_step_completion={TWIN}"]
+    a.calibrators = dict(c.split("=", 1) for c in cal if c != "none")
+    a.out = a.out or RESULTS / ("sample_efficiency_quick.json" if a.quick else "sample_efficiency.json")
     a.plot = a.plot or a.out.with_suffix(".png")
     return a
 
@@ -85,7 +118,12 @@ class Bench(Stages):
         cfg = {"model": model, "env": env, "seeds": seeds, "max_new_tokens": self.max_new_tokens, **kw}
         out = self.run(label, "eval", cfg)
         ev, ro = out.outputs["eval"], out.outputs["rollouts"]
-        return {"pass@1": ev.summary["pass@1"], "episodes": ev.summary["episodes"], "solved": solved(ro.path)}
+        return {
+            "pass@1": ev.summary["pass@1"],
+            "episodes": ev.summary["episodes"],
+            "solved": solved(ro.path),
+            "families": families(ro.path),
+        }
 
 
 def solved(rollouts_dir: Path) -> dict[str, bool]:
@@ -97,22 +135,50 @@ def solved(rollouts_dir: Path) -> dict[str, bool]:
     return {t: bool(s) for t, s in rows.fetchall()}
 
 
-def grpo_cfg(a, env: str, model: str, rollouts: int, seed: int) -> dict[str, Any]:
-    return {
+def families(rollouts_dir: Path) -> dict[str, float]:
+    """pass@1 per task family (the shop's task ids are FAMILY-SEED)."""
+    import duckdb
+
+    rows = duckdb.sql(
+        f"SELECT regexp_replace(task_id, '-[0-9]+$', '') AS family, avg(success::DOUBLE) "
+        f"FROM '{rollouts_dir / 'episodes.parquet'}' GROUP BY 1 ORDER BY 1"
+    )
+    return {f: round(v, 4) for f, v in rows.fetchall()}
+
+
+def grpo_cfg(a, env: str, model: str, steps: int, seed: int, snapshots=()) -> dict[str, Any]:
+    cfg = {
         "method": "grpo",
         "env": env,
         "model": model,
         "seed": seed,
-        "max_steps": max(1, rollouts // a.episodes_per_step),
+        "max_steps": steps,
         "num_generations": a.num_generations,
         "per_device_batch_size": a.episodes_per_step,
         "gradient_accumulation_steps": 1,
         "learning_rate": a.learning_rate,
+        "lr_scheduler": "constant",  # snapshots are the shorter runs
         "max_new_tokens": a.max_new_tokens,
         "max_completion_length": 1024,
         "checkpoint_every": 0,
         "require_learning": False,  # a budget too small to learn is a result, not an error
     }
+    if snapshots:
+        cfg["snapshot_steps"] = sorted(set(snapshots))
+    return cfg
+
+
+def train_curve(b: Bench, label: str, cfg: dict[str, Any], steps: list[int]) -> dict[int, Any]:
+    """One GRPO run to max(steps) storing the adapter after every other entry: {steps: adapter artifact}."""
+    top = max(steps)
+    snaps = [k for k in steps if k < top]
+    art = b.run(
+        label, "train", {**cfg, "max_steps": top, **({"snapshot_steps": sorted(set(snaps))} if snaps else {})}
+    ).outputs["adapter"]
+    out = {top: art}
+    for k, uri in (art.summary.get("snapshots") or {}).items():
+        out[int(k)] = b.store.resolve(uri, kind="adapter")
+    return out
 
 
 def calibration_rollouts(env_art) -> int:
@@ -122,11 +188,29 @@ def calibration_rollouts(env_art) -> int:
     return int(duckdb.sql(f"SELECT coalesce(sum(seeds * rollouts), 0) FROM '{p}'").fetchall()[0][0])
 
 
-def run_trace(b: Bench, a, base: str, budget: int, seed: int, held: str, base_solved) -> dict[str, Any]:
-    """One TRACE run at `budget`: returns pass@1 per variant, rollouts spent, and the one-expert ablation."""
+def run_grpo_target(b: Bench, a, base: str, seed: int) -> dict[int, dict[str, Any]]:
+    """GRPO on the target: one run per training seed, the adapter after budget // episodes_per_step steps."""
+    steps = {B: max(1, B // a.episodes_per_step) for B in a.budgets}
+    cfg = grpo_cfg(a, a.target, base, max(steps.values()), seed)
+    cfg["seeds"] = f"{TARGET_TRAIN}:{TARGET_TRAIN + 100000}"
+    arts = train_curve(b, f"grpo_target/{seed}", cfg, list(steps.values()))
+    out = {}
+    for B, k in steps.items():
+        ev = b.eval(f"grpo_target/eval/{B}/{seed}", arts[k].uri, a.target, a.held_out)
+        out[B] = {
+            "grpo_target": ev["pass@1"],
+            "grpo_rollouts": k * a.episodes_per_step,
+            "grpo_constant_groups": arts[k].summary.get("frac_constant_groups"),
+            "families_grpo_target": ev["families"],
+        }
+    return out
+
+
+def run_trace(b: Bench, a, base: str, seed: int, base_ev: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """TRACE at every budget from one diagnosis, one calibration and one GRPO run per environment."""
     from trace_cli.errors import TraceError
 
-    spent = {"diagnosis": a.diagnosis_rollouts, "calibration": 0, "grpo": 0, "moe": 0}
+    fixed = {"diagnosis": a.diagnosis_rollouts, "calibration": 0, "moe": 0}
     diag_seeds = f"{TARGET_TRAIN}:{TARGET_TRAIN + a.diagnosis_rollouts}"
     ro = b.run(
         "trace/diagnosis-rollouts",
@@ -137,16 +221,19 @@ def run_trace(b: Bench, a, base: str, budget: int, seed: int, held: str, base_so
     d_art = diag.outputs["diagnosis"]
     selected = list(d_art.summary.get("selected", []))
     envs: dict[str, str] = {}
+    calibrated_by: dict[str, str] = {}
     for cap in selected:
+        calibrator = a.calibrators.get(cap, base)
         try:
             out = b.run(
-                f"trace/synthesize/{cap}",
+                f"trace/synthesize/{cap}/{seed}",
                 "synthesize",
                 {
                     "diagnosis": d_art.uri,
                     "capability": cap,
                     "target": a.target,
-                    "model": base,
+                    "tools": "needed",
+                    "model": calibrator,
                     "seed": seed,
                     "calibration": {
                         "seeds": a.cal_seeds,
@@ -158,55 +245,72 @@ def run_trace(b: Bench, a, base: str, budget: int, seed: int, held: str, base_so
             )
         except TraceError as e:  # calibration out of band after every attempt: count the worst case
             print(f"  {cap}: no environment ({e})", file=sys.stderr)
-            spent["calibration"] += a.calibration_attempts * a.cal_seeds * a.cal_rollouts
+            fixed["calibration"] += a.calibration_attempts * a.cal_seeds * a.cal_rollouts
             continue
         env_art = out.outputs["environment"]
-        spent["calibration"] += calibration_rollouts(env_art)
+        fixed["calibration"] += calibration_rollouts(env_art)
         envs[cap] = env_art.uri
-    result: dict[str, Any] = {"selected": selected, "environments": sorted(envs)}
+        calibrated_by[cap] = "base" if calibrator == base else calibrator
+    common: dict[str, Any] = {
+        "selected": selected,
+        "environments": sorted(envs),
+        "calibrated_by": calibrated_by,
+    }
     if not envs:
-        result["spent"] = spent
-        return result
-    moe_rollouts = a.moe_seeds * (len(envs) + 1) if len(envs) > 1 else 0
-    left = budget - sum(spent.values()) - moe_rollouts
-    per = left // len(envs)
-    if per < a.episodes_per_step:
-        result["over_budget"] = f"{left} rollouts left for {len(envs)} adapters"
-        per = a.episodes_per_step
-    adapters: dict[str, str] = {}
-    # require_learning is off (a budget too small to learn is a result): say how much of each run had no signal
-    constant: dict[str, Any] = result.setdefault("constant_groups", {})
+        return {B: {**common, "spent": dict(fixed)} for B in a.budgets}
+    fixed["moe"] = a.moe_seeds * (len(envs) + 1) if len(envs) > 1 else 0
+    steps: dict[int, int] = {}
+    over: dict[int, str] = {}
+    for B in a.budgets:
+        per = (B - sum(fixed.values())) // len(envs)
+        steps[B] = per // a.episodes_per_step
+        if steps[B] < 1:
+            over[B] = f"{B - sum(fixed.values())} rollouts left for {len(envs)} adapters; trained 1 step each"
+            steps[B] = 1
+    curves: dict[str, dict[int, Any]] = {}
     for cap, env in envs.items():
-        cfg = grpo_cfg(a, env, base, per, seed)
-        art = b.run(f"trace/train/{cap}", "train", cfg).outputs["adapter"]
-        spent["grpo"] += cfg["max_steps"] * a.episodes_per_step
-        adapters[cap] = art.uri
-        constant[cap] = art.summary.get("frac_constant_groups")
-    experts = {cap: b.eval(f"trace/eval/{cap}", uri, a.target, held) for cap, uri in adapters.items()}
-    result["experts"] = {cap: e["pass@1"] for cap, e in experts.items()}
-    best = max(experts, key=lambda c: experts[c]["pass@1"])
-    result["single_best"] = {"capability": best, "pass@1": experts[best]["pass@1"]}
-    comps: dict[str, dict[str, Any]] = {}
-    if len(adapters) == 1:  # nothing to compose: every composition is the single adapter
-        comps = {m: experts[best] for m in ("router", "moe", "merge")}
-    else:
-        uris = [adapters[c] for c in sorted(adapters)]
-        moe_seeds = f"{TARGET_TRAIN + 50000}:{TARGET_TRAIN + 50000 + a.moe_seeds}"
-        for method, extra in (
-            ("router", {}),
-            ("moe", {"moe": {"target": a.target, "seeds": moe_seeds}}),
-            ("merge", {}),
-        ):
-            cfg = {"method": method, "base": base, "adapters": uris, "seed": seed, **extra}
-            comp = b.run(f"trace/compose/{method}", "compose", cfg).outputs["composition"]
-            comps[method] = b.eval(f"trace/eval/{method}", comp.uri, a.target, held)
-        spent["moe"] = moe_rollouts
-    for m, e in comps.items():
-        result[m] = e["pass@1"]
-    result["trace"] = result["moe"]
-    result["ablation"] = one_expert_ablation(base_solved, experts, comps)
-    result["spent"] = spent
-    return result
+        curves[cap] = train_curve(
+            b, f"trace/train/{cap}/{seed}", grpo_cfg(a, env, base, 1, seed), list(steps.values())
+        )
+    top = max(a.budgets)
+    moe_seeds = f"{TARGET_TRAIN + 50000}:{TARGET_TRAIN + 50000 + a.moe_seeds}"
+    results: dict[int, dict[str, Any]] = {}
+    for B in a.budgets:
+        k = steps[B]
+        adapters = {cap: curves[cap][k] for cap in envs}
+        r: dict[str, Any] = {**common, "adapter_steps": k}
+        if B in over:
+            r["over_budget"] = over[B]
+        r["constant_groups"] = {cap: art.summary.get("frac_constant_groups") for cap, art in adapters.items()}
+        r["spent"] = {**fixed, "grpo": k * a.episodes_per_step * len(envs)}
+        last = B == top
+        comps: dict[str, dict[str, Any]] = {}
+        experts: dict[str, dict[str, Any]] = {}
+        if last or len(adapters) == 1:  # the single-adapter ablations, at the largest budget
+            experts = {
+                cap: b.eval(f"trace/eval/{cap}/{B}/{seed}", art.uri, a.target, a.held_out)
+                for cap, art in adapters.items()
+            }
+            r["experts"] = {cap: e["pass@1"] for cap, e in experts.items()}
+            best = max(experts, key=lambda c: experts[c]["pass@1"])
+            r["single_best"] = {"capability": best, "pass@1": experts[best]["pass@1"]}
+        if len(adapters) == 1:  # nothing to compose: every composition is the single adapter
+            comps = {m: experts[next(iter(experts))] for m in ("router", "moe", "merge")}
+        else:
+            uris = [adapters[c].uri for c in sorted(adapters)]
+            for method in ("router", "moe", "merge") if last else ("router", "moe"):
+                extra = {"moe": {"target": a.target, "seeds": moe_seeds}} if method == "moe" else {}
+                cfg = {"method": method, "base": base, "adapters": uris, "seed": seed, **extra}
+                comp = b.run(f"trace/compose/{method}/{B}/{seed}", "compose", cfg).outputs["composition"]
+                comps[method] = b.eval(f"trace/eval/{method}/{B}/{seed}", comp.uri, a.target, a.held_out)
+        for m, e in comps.items():
+            r[m] = e["pass@1"]
+            r[f"families_{m}"] = e["families"]
+        r["trace"] = r["moe"]
+        if experts and len(experts) > 1:
+            r["ablation"] = one_expert_ablation(base_ev["solved"], experts, comps)
+        results[B] = r
+    return results
 
 
 def one_expert_ablation(base_solved, experts, comps) -> dict[str, Any]:
@@ -219,6 +323,7 @@ def one_expert_ablation(base_solved, experts, comps) -> dict[str, Any]:
     }
     return {
         "one_expert_tasks": len(only),
+        "by_expert": {cap: sum(bool(e["solved"].get(t)) for t in only) for cap, e in experts.items()},
         "kept": {m: sum(bool(c["solved"].get(t)) for t in only) for m, c in comps.items()},
     }
 
@@ -234,8 +339,35 @@ def mean_std(xs: list[float]) -> dict[str, Any]:
     }
 
 
+def budget_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for budget in sorted({r["budget"] for r in runs}):
+        rs = [r for r in runs if r["budget"] == budget]
+        row: dict[str, Any] = {"rollouts": budget}
+        for m in METHODS:
+            vals = [r.get(m)["pass@1"] if isinstance(r.get(m), dict) else r.get(m) for r in rs]
+            row[m] = mean_std(vals)
+        rows.append(row)
+    return rows
+
+
+def family_table(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Largest budget: mean pass@1 per task family of base, GRPO-on-target and each composition."""
+    top = max(r["budget"] for r in runs)
+    rs = [r for r in runs if r["budget"] == top]
+    out: dict[str, dict[str, float]] = {}
+    for m in ("base", "grpo_target", "router", "moe", "merge"):
+        per = [r.get(f"families_{m}") for r in rs if r.get(f"families_{m}")]
+        if not per:
+            continue
+        out[m] = {f: round(statistics.fmean(p.get(f, 0.0) for p in per), 4) for f in sorted(per[0])}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
+    if a.combine:
+        return finish(a, combine(a.combine), None, 0.0, {})
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import tempfile
 
@@ -245,55 +377,104 @@ def main(argv: list[str] | None = None) -> int:
     base = b.run("base/import", "model", {"source": a.base}).outputs["model"].uri
     base_ev = b.eval("base/eval", base, a.target, a.held_out)
     runs: list[dict[str, Any]] = []
-    for budget in a.budgets:
-        for seed in a.train_seeds:
+    for seed in a.train_seeds:
+        grpo = run_grpo_target(b, a, base, seed)
+        trace = run_trace(b, a, base, seed, base_ev)
+        for budget in a.budgets:
             row: dict[str, Any] = {"budget": budget, "seed": seed, "base": base_ev["pass@1"]}
-            cfg = grpo_cfg(a, a.target, base, budget, seed)
-            cfg["seeds"] = f"{TARGET_TRAIN}:{TARGET_TRAIN + 100000}"
-            g = b.run(f"grpo_target/{budget}/{seed}", "train", cfg).outputs["adapter"]
-            row["grpo_target"] = b.eval(f"grpo_target/eval/{budget}/{seed}", g.uri, a.target, a.held_out)[
-                "pass@1"
-            ]
-            row["grpo_rollouts"] = cfg["max_steps"] * a.episodes_per_step
-            row["grpo_constant_groups"] = g.summary.get("frac_constant_groups")
-            row.update(run_trace(b, a, base, budget, seed, a.held_out, base_ev["solved"]))
+            row["families_base"] = base_ev["families"]
+            row.update(grpo[budget])
+            row.update(trace[budget])
             runs.append(row)
             print(json.dumps(row, default=str), file=sys.stderr, flush=True)
-    rows = []
-    for budget in a.budgets:
-        rs = [r for r in runs if r["budget"] == budget]
-        row = {"rollouts": budget}
-        for m in METHODS:
-            vals = [r.get(m)["pass@1"] if isinstance(r.get(m), dict) else r.get(m) for r in rs]
-            row[m] = mean_std(vals)
-        rows.append(row)
-    res = {
-        "benchmark": "sample_efficiency",
+    meta = {
         "command": command(),
         "quick": a.quick,
         "held_out": a.held_out,
         "train_seeds": a.train_seeds,
-        "settings": {
-            "episodes_per_step": a.episodes_per_step,
-            "num_generations": a.num_generations,
-            "learning_rate": a.learning_rate,
-            "diagnosis_rollouts": a.diagnosis_rollouts,
-            "calibration": a.calibration,
-            "calibration_attempts": a.calibration_attempts,
-            "moe_seeds": a.moe_seeds,
+        "settings": settings(a),
+        "store": str(store_dir),
+    }
+    return finish(a, runs, meta, round(time.monotonic() - t0, 1), b.timings)
+
+
+def settings(a) -> dict[str, Any]:
+    return {
+        "budgets": a.budgets,
+        "episodes_per_step": a.episodes_per_step,
+        "num_generations": a.num_generations,
+        "learning_rate": a.learning_rate,
+        "diagnosis_rollouts": a.diagnosis_rollouts,
+        "calibration": a.calibration,
+        "calibration_attempts": a.calibration_attempts,
+        "calibrators": a.calibrators,
+        "moe_seeds": a.moe_seeds,
+    }
+
+
+def combine(paths: list[Path]) -> dict[str, Any]:
+    """The runs of several result files (one per training seed, same settings and held-out seeds)."""
+    docs = [json.loads(p.read_text()) for p in paths]
+    for key in ("held_out", "settings"):
+        if any(d.get(key) != docs[0].get(key) for d in docs):
+            raise SystemExit(
+                f"--combine: {key} differs between the result files; they are not one experiment"
+            )
+    return {
+        "runs": [r for d in docs for r in d["runs"]],
+        "meta": {
+            "command": command(),
+            "combined": [str(p) for p in paths],
+            "quick": docs[0].get("quick"),
+            "held_out": docs[0]["held_out"],
+            "train_seeds": [s for d in docs for s in d["train_seeds"]],
+            "settings": docs[0]["settings"],
+            "store": [d.get("store") for d in docs],
         },
+        "wall_s": [d.get("wall_s") for d in docs],
+        "timings_s": {str(p): d.get("timings_s") for p, d in zip(paths, docs, strict=True)},
+    }
+
+
+def finish(a, runs, meta, wall, timings) -> int:
+    if isinstance(runs, dict):  # combined
+        meta, wall, timings, runs = runs["meta"], runs["wall_s"], runs["timings_s"], runs["runs"]
+    rows = budget_rows(runs)
+    top = max(r["budget"] for r in runs)
+    res = {
+        "benchmark": "sample_efficiency",
+        **meta,
         "budgets": rows,
         "gain_ratio": {str(r["rollouts"]): gain_ratio(r) for r in rows},
+        "families_at_largest_budget": family_table(runs),
+        "ablation_at_largest_budget": [
+            {
+                "seed": r["seed"],
+                **r.get("ablation", {}),
+                "experts": r.get("experts"),
+                "single_best": r.get("single_best"),
+            }
+            for r in runs
+            if r["budget"] == top
+        ],
         "runs": runs,
-        "timings_s": b.timings,
-        "wall_s": round(time.monotonic() - t0, 1),
-        "store": str(store_dir),
+        "timings_s": timings,
+        "wall_s": wall,
     }
     write_result(a.out, res)
     plot(rows, a.plot)
     print_budgets(rows)
+    print_families(res["families_at_largest_budget"])
     print(f"\nJSON: {a.out}   plot: {a.plot}   wall {res['wall_s']} s")
     return 0
+
+
+def print_families(fam: dict[str, dict[str, float]]) -> None:
+    if not fam:
+        return
+    names = sorted({f for per in fam.values() for f in per})
+    print("\npass@1 per task family at the largest budget (mean over training seeds)")
+    print_table(["method", *names], [[m, *(f"{per.get(f, 0):.2f}" for f in names)] for m, per in fam.items()])
 
 
 def gain_ratio(row: dict[str, Any]) -> float | None:

@@ -41,7 +41,8 @@ METHOD_OUTPUTS = {"sft": {"model": "model"}, "grpo": {"adapter": "adapter"}}
 ADAPTER_DIR = "adapter"
 RESOLVED_CONFIG_FILE = "train_config.json"
 # how often we checkpoint, and where live metrics go, do not change what is trained
-NOT_IN_ID = ("checkpoint_every", "report_to", "logging_dir")
+# (snapshot_steps: the snapshots are artifacts of their own; the final adapter is the same with or without them)
+NOT_IN_ID = ("checkpoint_every", "report_to", "logging_dir", "snapshot_steps")
 
 # method -> the `then` properties of its branch in the schema: its defaults, and the other method's keys
 BRANCHES: dict[str, dict[str, Any]] = {
@@ -304,7 +305,7 @@ def _run_grpo(
 ) -> dict[str, Artifact]:
     from trace_cli.envs.registry import make_env
     from trace_cli.training import checks
-    from trace_cli.training.checkpoints import WorkDir, copy_adapter
+    from trace_cli.training.checkpoints import WorkDir
     from trace_cli.training.dist import process_group
     from trace_cli.training.grpo import GRPOSpec, train_grpo
     from trace_cli.training.metrics import metrics_rows, progress_line, rollouts_after
@@ -338,27 +339,11 @@ def _run_grpo(
         if failed:
             work.remove()
             raise CheckFailed(f"grpo: {failed}; no adapter stored")
+        snapshots = _publish_snapshots(prepared, store, spec, rows, result, world)
         with prepared.writer(store, "adapter", name=name, overrides=overrides, replace=replace) as w:
-            copy_adapter(result.adapter_dir, w.path / ADAPTER_DIR)
-            checks.save_tokenizer(ref.path, w.path / ADAPTER_DIR)
-            GRPO_METRICS.write(rows, w.path)
-            resolved = {
-                k: v
-                for k, v in vars(spec).items()
-                if k not in ("make_env", "log", "output_dir", "resume_from")
-            }
-            per_step = rollouts_after(spec, world, 1)
-            resolved.update(
-                world_size=world,
-                episodes_per_step=per_step,
-                seeds_per_step=per_step // spec.num_generations,
-                env=cfg["env"],
-                capability=prepared.extra["capability"],
-            )
-            (w.path / RESOLVED_CONFIG_FILE).write_text(
-                json.dumps(resolved, indent=2, sort_keys=True, default=str) + "\n"
-            )
-            w.summary.update(_grpo_summary(prepared, ref, rows, result, world))
+            _write_adapter(w, prepared, ref, spec, rows, result, world, result.adapter_dir)
+            if snapshots:
+                w.summary["snapshots"] = snapshots
         art = w.artifact
     group.wait_for_everyone()
     if main:
@@ -366,6 +351,67 @@ def _run_grpo(
     else:
         art = store.get("adapter", prepared.id)
     return {"adapter": art}
+
+
+def _write_adapter(w, prepared: Prepared, ref, spec, rows, result, world: int, adapter_dir) -> None:
+    """An adapter artifact's files: the PEFT adapter with the base's tokenizer, the per-step metrics, the
+    resolved settings, and the summary."""
+    from trace_cli.training import checks
+    from trace_cli.training.checkpoints import copy_adapter
+    from trace_cli.training.metrics import rollouts_after
+
+    copy_adapter(adapter_dir, w.path / ADAPTER_DIR)
+    checks.save_tokenizer(ref.path, w.path / ADAPTER_DIR)
+    GRPO_METRICS.write(rows, w.path)
+    resolved = {
+        k: v
+        for k, v in vars(spec).items()
+        if k not in ("make_env", "log", "output_dir", "resume_from", "snapshot_steps")
+    }
+    per_step = rollouts_after(spec, world, 1)
+    resolved.update(
+        max_steps=prepared.config["max_steps"],
+        world_size=world,
+        episodes_per_step=per_step,
+        seeds_per_step=per_step // spec.num_generations,
+        env=prepared.config["env"],
+        capability=prepared.extra["capability"],
+    )
+    (w.path / RESOLVED_CONFIG_FILE).write_text(
+        json.dumps(resolved, indent=2, sort_keys=True, default=str) + "\n"
+    )
+    w.summary.update(_grpo_summary(prepared, ref, rows, result, world))
+
+
+def _publish_snapshots(prepared: Prepared, store: Store, spec, rows, result, world: int) -> dict[str, str]:
+    """One adapter artifact per `snapshot_steps` entry: the adapter after N steps, stored as what the same
+    config with max_steps N trains (its id, its first N metric rows). Returns {N: uri}; one already in the store
+    is kept as it is."""
+    import dataclasses
+
+    from trace_cli.training.grpo import snapshot_dir
+
+    out: dict[str, str] = {}
+    for n in sorted(prepared.config.get("snapshot_steps") or []):
+        d = snapshot_dir(spec.output_dir, n)
+        if not d.is_dir():  # training stopped before it (resumed past it without the snapshot): say so
+            print(f"train: no snapshot at step {n} in {d}", file=sys.stderr)
+            continue
+        snap = prepare({**prepared.config, "max_steps": n, "snapshot_steps": []}, store)
+        if not store.exists("adapter", snap.id):
+            part = [r for r in rows if r["step"] <= n]
+            frac = n / max(1, result.global_step)
+            res = dataclasses.replace(
+                result,
+                global_step=n,
+                train_runtime_s=result.train_runtime_s * frac,
+                train_cpu_s=result.train_cpu_s * frac,
+            )
+            with snap.writer(store, "adapter") as w:
+                _write_adapter(w, snap, prepared.extra["model"], spec, part, res, world, d)
+                w.summary["snapshot_of"] = prepared.id
+        out[str(n)] = f"store://adapter/{snap.id}"
+    return out
 
 
 def _grpo_summary(prepared: Prepared, ref, rows: list[dict[str, Any]], result, world: int) -> dict[str, Any]:

@@ -59,6 +59,29 @@ def load_tokenizer(model, what: str, part: str = "tokenizer"):
         raise UsageError(f"{what}: cannot load its {part}: {e}") from e
 
 
+# schedules whose learning rate at step k does not depend on max_steps: a snapshot after k steps is what a
+# k-step run trains
+SNAPSHOT_SCHEDULES = ("constant", "constant_with_warmup")
+
+
+def _check_snapshots(cfg: dict[str, Any]) -> None:
+    steps = cfg.get("snapshot_steps") or []
+    if not steps:
+        return
+    late = [s for s in steps if s >= cfg["max_steps"]]
+    if late:
+        raise UsageError(
+            f"snapshot_steps: {', '.join(map(str, late))} not below max_steps ({cfg['max_steps']}); the final "
+            "adapter is stored anyway"
+        )
+    if cfg["lr_scheduler"] not in SNAPSHOT_SCHEDULES:
+        raise UsageError(
+            f"snapshot_steps: with lr_scheduler {cfg['lr_scheduler']} the learning rate at a step depends on "
+            "max_steps, so a snapshot is not what a shorter run would train",
+            hint=f"use lr_scheduler {' or '.join(SNAPSHOT_SCHEDULES)}, or train each length on its own",
+        )
+
+
 def grpo_preflight(cfg: dict[str, Any], seeds: list[int], env, model, store) -> dict[str, Any]:
     """What a GRPO run needs checked before any compute: batch arithmetic (TRL: per_device_train_batch_size
     counts completions, and the global batch must hold whole groups), enough seeds per step, the turn budget
@@ -83,6 +106,7 @@ def grpo_preflight(cfg: dict[str, Any], seeds: list[int], env, model, store) -> 
             f"seeds: {len(seeds)} seed(s) but each step needs {groups} different seeds "
             f"({per_step} episodes / num_generations {g}); widen --seeds"
         )
+    _check_snapshots(cfg)
     if cfg["max_new_tokens"] > cfg["max_completion_length"]:
         raise UsageError(
             f"max_new_tokens ({cfg['max_new_tokens']}) exceeds max_completion_length "

@@ -130,6 +130,7 @@ class GRPOSpec:
     report_to: str  # none | tensorboard | trackio: TRL's live metrics integrations
     logging_dir: str | None  # tensorboard event files (the stage resolves null to STORE/logs/train/ID)
     resume_from: str | None = None
+    snapshot_steps: Sequence[int] = ()  # also save the adapter after these steps: output_dir/snapshots/step-N
     log: Callable[[dict[str, Any]], None] | None = None
     keep_model: bool = False  # return the trained PeftModel (tests inspect its parameters)
 
@@ -299,6 +300,30 @@ def _tensorboard_dir(path: str | None):
             os.environ["TENSORBOARD_LOGGING_DIR"] = old
 
 
+SNAPSHOTS_DIR = "snapshots"
+
+
+def snapshot_dir(output_dir: str | Path, step: int) -> Path:
+    return Path(output_dir) / SNAPSHOTS_DIR / f"step-{step}"
+
+
+def _snapshot_callback(steps: Sequence[int], root: Path):
+    """Save the LoRA adapter (PEFT files only) when the optimizer step is one of `steps` (main process)."""
+    from transformers import TrainerCallback
+
+    wanted = set(steps)
+
+    class _Snapshot(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kw):
+            if state.global_step in wanted and state.is_world_process_zero and model is not None:
+                target = root / f"step-{state.global_step}"
+                tmp = target.with_name(target.name + ".tmp")
+                model.save_pretrained(str(tmp))
+                tmp.replace(target)
+
+    return _Snapshot()
+
+
 def train_grpo(spec: GRPOSpec) -> GRPOResult:
     """Build the model, LoRA, dataset and trainer; train (or resume); save the adapter under output_dir/final."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -374,6 +399,8 @@ def train_grpo(spec: GRPOSpec) -> GRPOResult:
                     log_fn({"step": state.global_step, **logs})
 
         callbacks.append(_Log())
+    if spec.snapshot_steps:
+        callbacks.append(_snapshot_callback(spec.snapshot_steps, Path(spec.output_dir) / SNAPSHOTS_DIR))
     cls = _trainer_class()
     with _tensorboard_dir(spec.logging_dir if spec.report_to == "tensorboard" else None):
         trainer = cls(
