@@ -53,6 +53,10 @@ def test_snapshots_are_the_shorter_runs(model_dir, tmp_path):
     for k in one:
         assert (one[k] - w_alone[k]).abs().max().item() < 1e-5, k
     assert any((one[k] - fin[k]).abs().max().item() > 1e-6 for k in one)
+    # the report draws the run's curve once (a snapshot's curve is its first steps)
+    from trace_cli.report.collect import reward_curves
+
+    assert [c["steps"] for c in reward_curves(store)] == [[1, 2, 3]]
     # re-running the same config with snapshots is a cache hit, nothing retrained
     again = execute("train", cfg, store)
     assert again.skipped

@@ -118,8 +118,8 @@ def reward_curves(store: Store, only: set[str] | None = None) -> list[dict[str, 
     names = _names(store)
     out = []
     for art in store.list("adapter"):
-        if not _keep(art, names, only):
-            continue
+        if not _keep(art, names, only) or (art.summary or {}).get("snapshot_of"):
+            continue  # a snapshot's curve is the first steps of its run's
         f = art.path / "train_metrics.parquet"
         if not f.is_file():
             continue
