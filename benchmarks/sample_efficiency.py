@@ -339,12 +339,19 @@ def mean_std(xs: list[float]) -> dict[str, Any]:
     }
 
 
+ABLATIONS = ("merge", "single_best")  # measured at the largest budget only
+
+
 def budget_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
+    top = max(r["budget"] for r in runs)
     for budget in sorted({r["budget"] for r in runs}):
         rs = [r for r in runs if r["budget"] == budget]
         row: dict[str, Any] = {"rollouts": budget}
         for m in METHODS:
+            if m in ABLATIONS and budget != top:  # (a seed with one adapter has it at every budget: not a row)
+                row[m] = mean_std([])
+                continue
             vals = [r.get(m)["pass@1"] if isinstance(r.get(m), dict) else r.get(m) for r in rs]
             row[m] = mean_std(vals)
         rows.append(row)

@@ -40,6 +40,9 @@ def test_rows_ratio_and_families():
     # TRACE gained 0.08 over base, GRPO-on-target 0.03
     assert se.gain_ratio(row) == pytest.approx(0.08 / 0.03, abs=1e-3)
     assert se.gain_ratio({**row, "grpo_target": {"mean": 0.4}}) is None  # GRPO gained nothing: no ratio
+    # the ablations are rows of the largest budget only
+    rows = se.budget_rows(runs + [_run(1024, 0, 0.4, 0.45, 0.5)])
+    assert rows[0]["single_best"]["runs"] == 0 and rows[1]["single_best"] == {"mean": 0.49, "std": 0.0, "runs": 1}
     fam = se.family_table(runs)
     assert fam["base"] == {"a": 0.5, "b": 0.0} and fam["moe"] == {"a": 0.5, "b": 0.48}
 
