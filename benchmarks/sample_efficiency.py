@@ -349,7 +349,9 @@ def budget_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         rs = [r for r in runs if r["budget"] == budget]
         row: dict[str, Any] = {"rollouts": budget}
         for m in METHODS:
-            if m in ABLATIONS and budget != top:  # (a seed with one adapter has it at every budget: not a row)
+            if (
+                m in ABLATIONS and budget != top
+            ):  # (a seed with one adapter has it at every budget: not a row)
                 row[m] = mean_std([])
                 continue
             vals = [r.get(m)["pass@1"] if isinstance(r.get(m), dict) else r.get(m) for r in rs]
@@ -516,12 +518,17 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         ("grpo_target", "o-"),
         ("router", "s-"),
         ("moe", "D-"),
-        ("merge", "x:"),
+        ("merge", "x"),
+        ("single_best", "^"),
     ):
-        ys = [r[m]["mean"] for r in rows]
-        es = [r[m]["std"] or 0.0 for r in rows]
-        if all(y is not None for y in ys):
-            ax.errorbar(xs, ys, yerr=es, fmt=style, capsize=3, label=m)
+        pts = [
+            (x, r[m]["mean"], r[m]["std"] or 0.0)
+            for x, r in zip(xs, rows, strict=True)
+            if r[m]["mean"] is not None
+        ]
+        if pts:  # the ablations (merge, single best adapter) are points at the largest budget
+            px, py, pe = zip(*pts, strict=True)
+            ax.errorbar(px, py, yerr=pe, fmt=style, capsize=3, label=m)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("rollouts (all counted)")
     ax.set_ylabel("pass@1 on held-out target seeds")
