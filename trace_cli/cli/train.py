@@ -27,6 +27,8 @@ TRAIN = StageOptions(
         "--name precondition --set max_steps=20\n\n"
         "  trace train --method grpo --env shop --model store://model/base --name grpo-target   "
         "(the 'GRPO on target' baseline)\n\n"
+        "  trace train --method grpo --env shop --model store://model/base --max-steps 24 "
+        "--set 'snapshot_steps=[8,16]'   (also the adapters after 8 and 16 steps: a learning curve in one run)\n\n"
         "  trace train --config train.yaml --resume   (continue an interrupted GRPO run from its last checkpoint)\n\n"
         "  accelerate launch --num_processes 2 -m trace_cli train --method grpo ...   (data-parallel)\n\n"
         "Config keys are those of schemas/config/train.v1.json; --set KEY=VALUE overrides any of them."
