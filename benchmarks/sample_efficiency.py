@@ -76,6 +76,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"calibrate this capability's environment with MODEL instead of the base agent (default: "
         f"multi_step_completion={TWIN}, as the demo recipe; 'none' for the base agent everywhere)",
     )
+    ap.add_argument(
+        "--methods",
+        default="grpo_target,trace",
+        help="trained methods to run (comma-separated subset of grpo_target,trace); the base is always measured",
+    )
     ap.add_argument("--moe-seeds", type=int, default=16, help="MoE gate transcripts per environment")
     ap.add_argument("--episodes-per-step", type=int, default=32, help="GRPO episodes per optimizer step")
     ap.add_argument("--num-generations", type=int, default=8, help="GRPO group size")
@@ -99,6 +104,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         a.calibration, a.moe_seeds = "8x4", 8
     a.budgets = sorted(int(x) for x in a.budgets.split(","))
     a.train_seeds = [int(x) for x in a.train_seeds.split(",")]
+    a.methods = [m for m in a.methods.split(",") if m]
+    if not a.methods or set(a.methods) - {"grpo_target", "trace"}:
+        ap.error(f"--methods: a comma-separated subset of grpo_target,trace, not {','.join(a.methods)!r}")
     a.cal_seeds, a.cal_rollouts = (int(x) for x in a.calibration.split("x"))
     cal = a.calibrator if a.calibrator is not None else [f"multi_step_completion={TWIN}"]
     a.calibrators = dict(c.split("=", 1) for c in cal if c != "none")
@@ -387,8 +395,9 @@ def main(argv: list[str] | None = None) -> int:
     base_ev = b.eval("base/eval", base, a.target, a.held_out)
     runs: list[dict[str, Any]] = []
     for seed in a.train_seeds:
-        grpo = run_grpo_target(b, a, base, seed)
-        trace = run_trace(b, a, base, seed, base_ev)
+        none: dict[int, dict[str, Any]] = {B: {} for B in a.budgets}
+        grpo = run_grpo_target(b, a, base, seed) if "grpo_target" in a.methods else none
+        trace = run_trace(b, a, base, seed, base_ev) if "trace" in a.methods else none
         for budget in a.budgets:
             row: dict[str, Any] = {"budget": budget, "seed": seed, "base": base_ev["pass@1"]}
             row["families_base"] = base_ev["families"]
@@ -418,6 +427,7 @@ def settings(a) -> dict[str, Any]:
         "calibration_attempts": a.calibration_attempts,
         "calibrators": a.calibrators,
         "moe_seeds": a.moe_seeds,
+        "methods": a.methods,
     }
 
 

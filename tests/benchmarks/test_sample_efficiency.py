@@ -42,7 +42,11 @@ def test_rows_ratio_and_families():
     assert se.gain_ratio({**row, "grpo_target": {"mean": 0.4}}) is None  # GRPO gained nothing: no ratio
     # the ablations are rows of the largest budget only
     rows = se.budget_rows(runs + [_run(1024, 0, 0.4, 0.45, 0.5)])
-    assert rows[0]["single_best"]["runs"] == 0 and rows[1]["single_best"] == {"mean": 0.49, "std": 0.0, "runs": 1}
+    assert rows[0]["single_best"]["runs"] == 0 and rows[1]["single_best"] == {
+        "mean": 0.49,
+        "std": 0.0,
+        "runs": 1,
+    }
     fam = se.family_table(runs)
     assert fam["base"] == {"a": 0.5, "b": 0.0} and fam["moe"] == {"a": 0.5, "b": 0.48}
 
@@ -168,3 +172,10 @@ def test_tiny_run_end_to_end(tmp_path):
     assert runs[128]["grpo_rollouts"] == 128 and runs[192]["grpo_rollouts"] == 192
     assert runs[192]["spent"]["diagnosis"] == 60 and runs[192]["selected"]
     assert set(res["families_at_largest_budget"]["base"]) >= {"shop-cancel_order", "shop-multi_op"}
+
+
+def test_methods_option():
+    assert se.parse_args(["--methods", "trace"]).methods == ["trace"]
+    assert se.parse_args([]).methods == ["grpo_target", "trace"]
+    with pytest.raises(SystemExit):
+        se.parse_args(["--methods", "trace,gepa"])
