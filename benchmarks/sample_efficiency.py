@@ -154,7 +154,7 @@ def families(rollouts_dir: Path) -> dict[str, float]:
     return {f: round(v, 4) for f, v in rows.fetchall()}
 
 
-def grpo_cfg(a, env: str, model: str, steps: int, seed: int, snapshots=()) -> dict[str, Any]:
+def grpo_cfg(a, env: str, model: str, steps: int, seed: int) -> dict[str, Any]:
     cfg = {
         "method": "grpo",
         "env": env,
@@ -171,18 +171,14 @@ def grpo_cfg(a, env: str, model: str, steps: int, seed: int, snapshots=()) -> di
         "checkpoint_every": 0,
         "require_learning": False,  # a budget too small to learn is a result, not an error
     }
-    if snapshots:
-        cfg["snapshot_steps"] = sorted(set(snapshots))
     return cfg
 
 
 def train_curve(b: Bench, label: str, cfg: dict[str, Any], steps: list[int]) -> dict[int, Any]:
     """One GRPO run to max(steps) storing the adapter after every other entry: {steps: adapter artifact}."""
     top = max(steps)
-    snaps = [k for k in steps if k < top]
-    art = b.run(
-        label, "train", {**cfg, "max_steps": top, **({"snapshot_steps": sorted(set(snaps))} if snaps else {})}
-    ).outputs["adapter"]
+    snaps = sorted({k for k in steps if k < top})
+    art = b.run(label, "train", {**cfg, "max_steps": top, "snapshot_steps": snaps}).outputs["adapter"]
     out = {top: art}
     for k, uri in (art.summary.get("snapshots") or {}).items():
         out[int(k)] = b.store.resolve(uri, kind="adapter")
@@ -384,7 +380,8 @@ def family_table(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     if a.combine:
-        return finish(a, combine(a.combine), None, 0.0, {})
+        c = combine(a.combine)
+        return finish(a, c["runs"], c["meta"], c["wall_s"], c["timings_s"])
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import tempfile
 
@@ -456,8 +453,6 @@ def combine(paths: list[Path]) -> dict[str, Any]:
 
 
 def finish(a, runs, meta, wall, timings) -> int:
-    if isinstance(runs, dict):  # combined
-        meta, wall, timings, runs = runs["meta"], runs["wall_s"], runs["timings_s"], runs["runs"]
     rows = budget_rows(runs)
     top = max(r["budget"] for r in runs)
     res = {

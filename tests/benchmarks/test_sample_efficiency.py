@@ -69,6 +69,14 @@ def test_one_expert_ablation():
     }
 
 
+def _bench(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """benchmarks/sample_efficiency.py with these arguments, in a subprocess."""
+    script = REPO / "benchmarks" / "sample_efficiency.py"
+    return subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
 def _result(path: Path, seed: int, grpo: float, moe: float, **over) -> Path:
     doc = {
         "held_out": "500000:500200",
@@ -87,20 +95,7 @@ def test_combine_merges_per_seed_files(tmp_path):
     a = _result(tmp_path / "a.json", 0, 0.42, 0.46)
     b = _result(tmp_path / "b.json", 1, 0.44, 0.50)
     out = tmp_path / "all.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "benchmarks" / "sample_efficiency.py"),
-            "--combine",
-            str(a),
-            str(b),
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = _bench("--combine", str(a), str(b), "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(out.read_text())
     assert res["train_seeds"] == [0, 1] and len(res["runs"]) == 2
@@ -111,20 +106,7 @@ def test_combine_merges_per_seed_files(tmp_path):
     assert "gain ratio" in proc.stdout and "2.67x" in proc.stdout
     # result files of different experiments are not combined
     c = _result(tmp_path / "c.json", 2, 0.4, 0.4, held_out="0:200")
-    bad = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "benchmarks" / "sample_efficiency.py"),
-            "--combine",
-            str(a),
-            str(c),
-            "--out",
-            str(tmp_path / "x.json"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    bad = _bench("--combine", str(a), str(c), "--out", str(tmp_path / "x.json"))
     assert bad.returncode != 0 and "held_out differs" in bad.stderr and not (tmp_path / "x.json").exists()
 
 
@@ -132,33 +114,27 @@ def test_combine_merges_per_seed_files(tmp_path):
 def test_tiny_run_end_to_end(tmp_path):
     """Every method at two budgets on 20 held-out seeds (tiny budgets: correctness, not a result)."""
     out = tmp_path / "se.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "benchmarks" / "sample_efficiency.py"),
-            "--train-seeds",
-            "0",
-            "--budgets",
-            "128,192",
-            "--held-out",
-            "500000:500020",
-            "--diagnosis-rollouts",
-            "60",
-            "--calibration",
-            "4x4",
-            "--calibration-attempts",
-            "1",
-            "--moe-seeds",
-            "4",
-            "--episodes-per-step",
-            "16",
-            "--store",
-            str(tmp_path / "store"),
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
+    proc = _bench(
+        "--train-seeds",
+        "0",
+        "--budgets",
+        "128,192",
+        "--held-out",
+        "500000:500020",
+        "--diagnosis-rollouts",
+        "60",
+        "--calibration",
+        "4x4",
+        "--calibration-attempts",
+        "1",
+        "--moe-seeds",
+        "4",
+        "--episodes-per-step",
+        "16",
+        "--store",
+        str(tmp_path / "store"),
+        "--out",
+        str(out),
         timeout=1800,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
