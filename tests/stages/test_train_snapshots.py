@@ -71,3 +71,27 @@ def test_snapshot_steps_are_checked(model_dir, tmp_path):
     with pytest.raises(UsageError, match="lr_scheduler linear"):
         prepare(grpo_config(model_dir, max_steps=3, snapshot_steps=[1], lr_scheduler="linear"), store)
     assert not (tmp_path / "store").exists() or not list((tmp_path / "store").rglob("manifest.yaml"))
+
+
+def test_a_snapshot_step_trained_again_replaces_its_snapshot(tmp_path):
+    """A run resumed from a checkpoint before a snapshot step trains that step again: the new snapshot replaces
+    the old one (renaming onto a non-empty directory would fail the run)."""
+    from types import SimpleNamespace
+
+    from trace_cli.training.grpo import _snapshot_callback, snapshot_dir
+
+    class Model:
+        def __init__(self, tag):
+            self.tag = tag
+
+        def save_pretrained(self, path):
+            Path(path).mkdir(parents=True, exist_ok=True)
+            (Path(path) / "adapter_config.json").write_text(self.tag)
+
+    cb = _snapshot_callback([2], tmp_path)
+    state = SimpleNamespace(global_step=2, is_world_process_zero=True)
+    cb.on_step_end(None, state, None, model=Model("first"))
+    cb.on_step_end(None, state, None, model=Model("again"))
+    cb.on_step_end(None, SimpleNamespace(global_step=3, is_world_process_zero=True), None, model=Model("x"))
+    assert (snapshot_dir(tmp_path, 2) / "adapter_config.json").read_text() == "again"
+    assert sorted(p.name for p in snapshot_dir(tmp_path, 2).parent.iterdir()) == ["step-2"]

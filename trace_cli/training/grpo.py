@@ -307,8 +307,11 @@ def snapshot_dir(output_dir: str | Path, step: int) -> Path:
     return Path(output_dir) / SNAPSHOTS_DIR / f"step-{step}"
 
 
-def _snapshot_callback(steps: Sequence[int], root: Path):
-    """Save the LoRA adapter (PEFT files only) when the optimizer step is one of `steps` (main process)."""
+def _snapshot_callback(steps: Sequence[int], output_dir: str | Path):
+    """Save the LoRA adapter (PEFT files only) to snapshot_dir(output_dir, step) when the optimizer step is one of
+    `steps` (main process). A run resumed from an earlier checkpoint trains that step again and replaces it."""
+    import shutil
+
     from transformers import TrainerCallback
 
     wanted = set(steps)
@@ -316,9 +319,11 @@ def _snapshot_callback(steps: Sequence[int], root: Path):
     class _Snapshot(TrainerCallback):
         def on_step_end(self, args, state, control, model=None, **kw):
             if state.global_step in wanted and state.is_world_process_zero and model is not None:
-                target = root / f"step-{state.global_step}"
+                target = snapshot_dir(output_dir, state.global_step)
                 tmp = target.with_name(target.name + ".tmp")
                 model.save_pretrained(str(tmp))
+                if target.exists():
+                    shutil.rmtree(target)
                 tmp.replace(target)
 
     return _Snapshot()
@@ -400,7 +405,7 @@ def train_grpo(spec: GRPOSpec) -> GRPOResult:
 
         callbacks.append(_Log())
     if spec.snapshot_steps:
-        callbacks.append(_snapshot_callback(spec.snapshot_steps, Path(spec.output_dir) / SNAPSHOTS_DIR))
+        callbacks.append(_snapshot_callback(spec.snapshot_steps, spec.output_dir))
     cls = _trainer_class()
     with _tensorboard_dir(spec.logging_dir if spec.report_to == "tensorboard" else None):
         trainer = cls(
