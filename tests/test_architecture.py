@@ -11,6 +11,8 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 import trace_cli
 
 PKG = Path(trace_cli.__file__).parent
@@ -49,8 +51,9 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def imports(path: Path, module: str) -> Iterator[tuple[int, str]]:
-    """(line, imported trace_cli module or name) for every import in the file."""
+def imports(path: Path, module: str, *, type_checking: bool = False) -> Iterator[tuple[int, str]]:
+    """(line, imported trace_cli module or name) for every import in the file; those under `if TYPE_CHECKING:`
+    too when `type_checking`."""
     is_pkg = path.name == "__init__.py"
     package = module if is_pkg else module.rpartition(".")[0]
 
@@ -70,7 +73,7 @@ def imports(path: Path, module: str) -> Iterator[tuple[int, str]]:
             for alias in node.names:
                 yield node.lineno, f"{target}.{alias.name}"
             return
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
+        if isinstance(node, ast.If) and _is_type_checking(node.test) and not type_checking:
             children = node.orelse
         else:
             children = list(ast.iter_child_nodes(node))
@@ -122,14 +125,14 @@ def test_imports_point_down():
     assert not both, "peers of one layer that import each other:\n" + "\n".join(both)
 
 
-def _graph() -> dict[str, dict[str, tuple[Path, int]]]:
+def _graph(*, type_checking: bool = False) -> dict[str, dict[str, tuple[Path, int]]]:
     """module -> {imported module: (file, line)}: every import, lazy ones too (a function-level import that
-    closes a circle only hides it until that function runs)."""
+    closes a circle only hides it until that function runs); with `type_checking`, annotation-only ones too."""
     known = {m for m, _ in modules()}
     graph: dict[str, dict[str, tuple[Path, int]]] = {}
     for module, path in modules():
         edges = graph.setdefault(module, {})
-        for lineno, name in imports(path, module):
+        for lineno, name in imports(path, module, type_checking=type_checking):
             target = resolve(name, known)
             if target in known and target != module:
                 edges.setdefault(target, (path, lineno))
@@ -171,8 +174,12 @@ def _cycles(graph: dict[str, dict[str, tuple[Path, int]]]) -> list[list[str]]:
     return out
 
 
-def test_no_import_circles():
-    graph = _graph()
+@pytest.mark.parametrize("type_checking", [False, True], ids=["run-time", "with-annotations"])
+def test_no_import_circles(type_checking):
+    """No circle anywhere in trace_cli/, also counting `if TYPE_CHECKING:` imports: a module that names its
+    importer's type still leans on it (a type checker, a reader and tools such as dependency graphs see a
+    circle), so the lower module names the lower type (e.g. store/maintenance.py takes `Artifacts`)."""
+    graph = _graph(type_checking=type_checking)
     lines = []
     for comp in _cycles(graph):
         members = set(comp)
@@ -206,3 +213,18 @@ def test_the_scanner_sees_lazy_relative_and_type_checking_imports(tmp_path):
     assert (6, "trace_cli.models.refs") in found
     assert (7, "trace_cli.cli") in found
     assert not any("stages" in name for _, name in found)
+
+
+def test_the_circle_check_sees_a_circle_closed_by_an_annotation_import(tmp_path, monkeypatch):
+    """A circle whose one edge is an `if TYPE_CHECKING:` import is found by the strict graph only."""
+    pkg = tmp_path / "trace_cli"
+    (pkg / "store").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "store" / "__init__.py").write_text("")
+    (pkg / "store" / "a.py").write_text("def f():\n    from trace_cli.store import b\n")
+    (pkg / "store" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from trace_cli.store.a import f\n"
+    )
+    monkeypatch.setitem(globals(), "PKG", pkg)
+    assert _cycles(_graph()) == []
+    assert _cycles(_graph(type_checking=True)) == [["trace_cli.store.a", "trace_cli.store.b"]]

@@ -15,7 +15,8 @@ from trace_cli.store.artifacts import RESUMABLE, read_manifest
 from trace_cli.store.hashing import sha256_file
 
 if TYPE_CHECKING:
-    from trace_cli.store.facade import Store
+    # the artifacts side is all these functions use; the facade (which imports this module) is not needed
+    from trace_cli.store.artifacts import Artifacts as Store
 
 # A directory under STORE/KIND/ without a manifest is never a live commit (the manifest is inside the
 # directory before it is renamed into place), so gc may remove it; the grace period is defence in depth

@@ -19,7 +19,8 @@ from trace_cli.errors import UsageError
 from trace_cli.store import index
 
 if TYPE_CHECKING:
-    from trace_cli.store.facade import Store
+    # the artifacts side is all these functions use; the facade (which imports this module) is not needed
+    from trace_cli.store.artifacts import Artifacts as Store
 
 # PRAGMAs that only describe the catalogue (everything else a PRAGMA can do is a setting or a side effect)
 _READ_PRAGMAS = frozenset(
