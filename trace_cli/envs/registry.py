@@ -30,7 +30,10 @@ EnvFactory = Callable[..., Environment]
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]*$")
 
 # Built-ins are imported lazily ("module:attr") so that importing the registry stays cheap.
-_BUILTINS: dict[str, str] = {"shop": "trace_cli.envs.shop:make_shop_env"}
+_BUILTINS: dict[str, str] = {
+    "shop": "trace_cli.envs.shop:make_shop_env",
+    "shop-mixed": "trace_cli.envs.shop:make_shop_mixed_env",
+}
 _REGISTERED: dict[str, EnvFactory] = {}
 
 

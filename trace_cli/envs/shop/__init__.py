@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trace_cli.envs.shop.env import POLICY, ShopEnv, family_capabilities
+from trace_cli.envs.shop.env import POLICY, ShopEnv, ShopMixedEnv, family_capabilities
 from trace_cli.envs.shop.tasks import CAPABILITIES, FAMILIES
 from trace_cli.envs.shop.tools import TOOL_SCHEMAS
 from trace_cli.errors import UsageError
@@ -15,8 +15,10 @@ __all__ = [
     "POLICY",
     "TOOL_SCHEMAS",
     "ShopEnv",
+    "ShopMixedEnv",
     "family_capabilities",
     "make_shop_env",
+    "make_shop_mixed_env",
 ]
 
 _PARAMS = ("families", "max_turns", "n_orders", "tool_set")
@@ -54,3 +56,13 @@ def make_shop_env(**params: Any) -> ShopEnv:
     if "tool_set" in params:
         kwargs["tool_set"] = params["tool_set"]
     return ShopEnv(**kwargs)
+
+
+def make_shop_mixed_env(**params: Any) -> ShopMixedEnv:
+    """Factory registered as `shop-mixed` (1-4 requests per task). Params: max_turns, n_orders, tool_set."""
+    if "families" in params:
+        raise UsageError("shop-mixed: parameter 'families' does not apply (its tasks mix requests); use shop")
+    env = make_shop_env(**params)
+    return ShopMixedEnv(
+        **{k: getattr(env, k) for k in ("max_turns", "n_orders", "tool_set") if k in params}
+    )

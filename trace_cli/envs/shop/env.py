@@ -167,11 +167,9 @@ class ShopEnv(ShopEpisodes):
     def reset(self, seed: int) -> Observation:
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise UsageError(f"seed must be an integer, got {seed!r}")
-        family = self.family_for_seed(seed)
-        if self._task is None or (self._seed, self._task.family) != (seed, family):
-            # A string seed is hashed deterministically by `random` (not by PYTHONHASHSEED); mixing in the
-            # family keeps tasks independent when the family list changes.
-            self._load(FAMILIES[family](random.Random(f"shop:{family}:{seed}"), self.n_orders), seed)
+        if self._task is None or (self._seed, self._task_key) != (seed, self._key(seed)):
+            self._load(self._build(seed), seed)
+            self._task_key = self._key(seed)
         # else: resetting to the current seed again (e.g. several rollouts of one task) reuses the task.
         task = self._task
         self._start(ScriptedUser(task.identify, task.request))
@@ -184,6 +182,18 @@ class ShopEnv(ShopEpisodes):
             task_id=self.task_id,
             info={"env": self.name, "seed": seed, "max_turns": self.max_turns},
         )
+
+    _task_key: Any = None
+
+    def _key(self, seed: int) -> Any:
+        """What besides the seed decides the task (the family, for the shop): a change reloads it."""
+        return self.family_for_seed(seed)
+
+    def _build(self, seed: int) -> Task:
+        """The task of a seed. A string seed is hashed deterministically by `random` (not by PYTHONHASHSEED);
+        mixing in the family keeps tasks independent when the family list changes."""
+        family = self.family_for_seed(seed)
+        return FAMILIES[family](random.Random(f"shop:{family}:{seed}"), self.n_orders)
 
     @property
     def _task(self) -> Task | None:
@@ -249,6 +259,33 @@ class ShopEnv(ShopEpisodes):
             if capability in deficits:
                 return clone(task.deficit_demos[capability])
         return self.reference_actions()
+
+
+class ShopMixedEnv(ShopEnv):
+    """`shop-mixed`: one conversation with 1-4 requests, all of which must be right (see `tasks.mixed`).
+
+    Same tools, user simulator and verifier as `shop`; the task of a seed is drawn by `tasks.mixed.build_task`
+    (its family is a shop family for one request, `mixed<k>` for k requests). `families` does not apply."""
+
+    name = "shop-mixed"
+
+    def __init__(self, max_turns: int = 16, n_orders: int = 5, tool_set: str = "task"):
+        super().__init__(max_turns=max_turns, n_orders=n_orders, tool_set=tool_set)
+
+    def family_for_seed(self, seed: int) -> str:
+        return "mixed"  # the family is drawn with the task
+
+    def _key(self, seed: int) -> Any:
+        return "mixed"
+
+    def _build(self, seed: int) -> Task:
+        from trace_cli.envs.shop.tasks.mixed import build_task
+
+        return build_task(seed, self.n_orders)
+
+    @property
+    def task_id(self) -> str:
+        return f"shop-mixed-{self._started().family}-{self._seed}"
 
 
 def family_capabilities() -> dict[str, list[str]]:
