@@ -103,6 +103,10 @@ def test_reading_outside_through_a_relative_path_is_refused(tau2_store):
         ("CALL checkpoint()", "CALL"),
         ("EXPLAIN ANALYZE COPY episodes TO 'x.parquet'", "COPY"),
         ("COPY FROM DATABASE memory TO x", "PRAGMA"),
+        ("EXPLAIN (ANALYZE, FORMAT json) COPY episodes TO 'x.parquet'", "COPY"),
+        ("EXPLAIN /* a comment */ ANALYZE COPY episodes TO 'x.parquet'", "COPY"),
+        ("UPDATE EXTENSIONS", "does not know"),
+        ("EXPLAIN ANALYZE UPDATE EXTENSIONS", "does not know"),
     ],
 )
 def test_writing_and_escaping_statements_are_refused(tau2_store, sql, why):
@@ -172,3 +176,29 @@ def test_reading_queries_still_work_from_another_directory(tau2_store, tmp_path)
         env={"TRACE_STORE": rel},
     )
     assert r.returncode == 0 and json.loads(r.stdout) == [{"n": 20}], r.stderr
+
+
+@pytest.mark.parametrize(
+    "sql, code",
+    [
+        ("EXPLAIN (FORMAT json) SELECT 1", 0),
+        ("EXPLAIN (FORMAT json) SELECT count(*) FROM episodes", 0),
+        ("EXPLAIN /*c*/ ANALYZE SELECT 1", 0),
+        ("EXPLAIN -- why\n ANALYZE (FORMAT json) SELECT count(*) FROM tool_calls", 0),
+        ("UPDATE EXTENSIONS", 2),
+        ("UPDATE EXTENSIONS (httpfs)", 2),
+        ("EXPLAIN", 2),
+        ("EXPLAIN (FORMAT json)", 2),
+        ("EXPLAIN EXPLAIN SELECT 1", 2),
+    ],
+)
+def test_explain_forms_and_unknown_statement_types_are_never_internal_errors(tau2_store, sql, code):
+    """Issue 25 item 7: EXPLAIN with an option list or a comment before ANALYZE runs (it only reads), a
+    statement type the Python client cannot name is refused; neither ends as an internal error (exit 1)."""
+    before = snapshot(tau2_store)
+    r = run_trace("store", "sql", sql, "--store", tau2_store)
+    assert r.returncode == code, (sql, r.stdout, r.stderr)
+    assert "internal error" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+    if code == 0:
+        assert "plan" in r.stdout, r.stdout
+    assert snapshot(tau2_store) == before

@@ -31,7 +31,6 @@ _READ_PRAGMAS = frozenset(
     )
 )  # fmt: skip
 _PRAGMA_RE = re.compile(r"^\s*pragma\s+([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE)
-_EXPLAIN_RE = re.compile(r"^\s*explain(?:\s+analyze)?\s+", re.IGNORECASE)
 _REFUSED = {
     "COPY": "COPY reads or writes files",
     "COPY_DATABASE": "COPY FROM DATABASE writes a database",
@@ -43,6 +42,7 @@ _REFUSED = {
     "SET": "SET/RESET/USE change the session's configuration",
     "VARIABLE_SET": "SET VARIABLE changes the session",
     "CALL": "CALL runs a procedure (use SELECT * FROM function(...) for table functions)",
+    "UNKNOWN": "statements of a type this DuckDB client does not know (e.g. UPDATE EXTENSIONS) are not allowed",
 }
 _HINT = (
     "`trace store sql` is read-only and confined to the store: use SELECT (or DESCRIBE/SHOW/SUMMARIZE) "
@@ -74,18 +74,59 @@ def check_statements(con, sql: str) -> list:
     return stmts
 
 
+def _explained(query: str) -> str | None:
+    """The statement that `EXPLAIN [ANALYZE] [(options)] STATEMENT` wraps, found with DuckDB's tokenizer (so
+    comments anywhere and an option list such as `(FORMAT json)` are skipped as DuckDB skips them); None
+    when `query` is not of that form."""
+    import duckdb
+
+    raw = list(duckdb.tokenize(query))
+    ends = [p for p, _ in raw[1:]] + [len(query)]
+    toks = [
+        (p, t, query[p:e].strip().lower())
+        for (p, t), e in zip(raw, ends, strict=True)
+        if t != duckdb.token_type.comment
+    ]
+    i = 0
+    if i < len(toks) and toks[i][2] == "explain":
+        i += 1
+    else:
+        return None
+    if i < len(toks) and toks[i][2] in ("analyze", "analyse"):
+        i += 1
+    if i < len(toks) and toks[i][1] == duckdb.token_type.operator and toks[i][2].startswith("("):
+        depth = 0
+        while i < len(toks):
+            if toks[i][1] == duckdb.token_type.operator:
+                depth += toks[i][2].count("(") - toks[i][2].count(")")
+            i += 1
+            if depth <= 0:
+                break
+    return query[toks[i][0] :] if i < len(toks) else None
+
+
 def _check_one(con, st) -> None:
-    kind = st.type.name
+    import duckdb
+
+    try:
+        kind = st.type.name
+    except ValueError:  # a statement type this Python client cannot name (e.g. UPDATE EXTENSIONS)
+        kind = "UNKNOWN"
     text = " ".join(st.query.split())
     short = text if len(text) <= 60 else text[:57] + "..."
     if kind == "SELECT":
         return
     if kind == "EXPLAIN":
-        inner = _EXPLAIN_RE.sub("", st.query, count=1)
-        if inner != st.query:
-            for sub in con.extract_statements(inner):
-                _check_one(con, sub)
-            return
+        inner = _explained(st.query)
+        if inner is not None:
+            try:
+                subs = con.extract_statements(inner)
+            except (duckdb.Error, ValueError) as e:
+                raise UsageError(f"SQL error: {str(e).strip()}") from e
+            if subs:
+                for sub in subs:
+                    _check_one(con, sub)
+                return
     if kind == "PRAGMA":
         m = _PRAGMA_RE.match(st.query)
         if m and m.group(1).lower() in _READ_PRAGMAS:
