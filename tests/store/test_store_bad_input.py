@@ -66,6 +66,24 @@ def test_read_only_store(one, tmp_path):
     assert snapshot(one) == before
 
 
+def test_gc_on_a_read_only_store_removes_nothing_and_says_so(one):
+    """Issue 25 item 8: gc used to print "removed 1 half-written directory" (exit 0) and remove nothing."""
+    leftover = one / ".tmp" / "rollouts-0123456789abcdef-999999999-deadbeef"
+    leftover.mkdir(parents=True)
+    (leftover / "episodes.parquet").write_bytes(b"partial")
+    before = snapshot(one)
+    r = _read_only(one, "store", "gc", "--store", one)
+    _usage_error(r, f"store {one}", "read-only", "nothing was removed")
+    assert "removed" not in r.stdout, r.stdout
+    assert snapshot(one) == before and leftover.is_dir()
+    # listing still works, and where the store is writable the same leftover goes
+    r = _read_only(one, "store", "gc", "--dry-run", "--store", one)
+    assert r.returncode == 0 and f"would remove {leftover}" in r.stdout, r.stdout + r.stderr
+    r = run_trace("store", "gc", "--store", one)
+    assert r.returncode == 0 and f"removed {leftover}" in r.stdout, r.stdout + r.stderr
+    assert not leftover.exists()
+
+
 @pytest.mark.parametrize(
     "cmd", [["store", "ls"], ["store", "sql", "SELECT 1"], ["store", "verify"], ["ingest", "jsonl"]]
 )

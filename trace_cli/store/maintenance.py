@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trace_cli.errors import UsageError
+from trace_cli.errors import StoreError, UsageError
 from trace_cli.store import commit, index, layout
 from trace_cli.store.artifacts import RESUMABLE, read_manifest
 from trace_cli.store.hashing import sha256_file
@@ -94,12 +95,8 @@ def gc(
     RESUMABLE, continued by `trace train --resume`) are kept unless `include_resumable`, and never touched
     while their run holds its lock."""
     store.check_root(must_exist=True)
-    removed: list[str] = []
-
-    def drop(p: Path) -> None:
-        if not dry_run:
-            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-        removed.append(str(p))
+    found: list[Path] = []
+    drop = found.append
 
     now = time.time()
     if store.tmp_root.is_dir():
@@ -133,4 +130,52 @@ def gc(
             if pid is not None and pid != os.getpid() and commit.alive(pid):
                 continue
             drop(f)
+    if dry_run or not found:
+        return [str(p) for p in found]
+    return _remove(store, found)
+
+
+def _rmtree(p: Path) -> list[OSError]:
+    """shutil.rmtree that goes on past errors and returns them (instead of ignoring them)."""
+    errors: list[OSError] = []
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(p, onexc=lambda _f, _p, e: errors.append(e))
+    else:
+        shutil.rmtree(p, onerror=lambda _f, _p, info: errors.append(info[1]))
+    return errors
+
+
+def _remove(store: Store, found: list[Path]) -> list[str]:
+    """Remove `found`; nothing at all when the store cannot be written (a read-only mount or permissions):
+    UsageError (exit 2) then, rather than claiming a removal that did not happen."""
+    blocked = sorted({str(p.parent) for p in found if not os.access(p.parent, os.W_OK | os.X_OK)})
+    if blocked:
+        raise UsageError(
+            f"store {store.root} is read-only here: gc cannot remove its {len(found)} leftover(s) "
+            f"(no write access to {blocked[0]}); nothing was removed",
+            hint="run `trace store gc` where the store is writable; `trace store gc --dry-run` lists them",
+        )
+    removed: list[str] = []
+    failed: list[str] = []
+    for p in found:
+        errors: list[OSError] = []
+        try:
+            if p.is_dir() and not p.is_symlink():
+                errors += _rmtree(p)
+            else:
+                p.unlink()
+        except FileNotFoundError:  # removed meanwhile (its writer cleaned up, or another gc)
+            pass
+        except OSError as e:
+            errors.append(e)
+        errors = [e for e in errors if not isinstance(e, FileNotFoundError)]
+        if errors or p.exists():
+            failed.append(f"{p} ({errors[0].strerror if errors and errors[0].strerror else 'still there'})")
+        else:
+            removed.append(str(p))
+    if failed:
+        raise StoreError(
+            f"gc removed {len(removed)} leftover(s) but could not remove {len(failed)}: "
+            + "; ".join(failed[:3])
+        )
     return removed
