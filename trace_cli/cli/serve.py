@@ -8,15 +8,31 @@ import click
 
 from trace_cli.cli.common import info, open_store, store_option
 
+# τ²-bench (LiteLLM) against two local servers: the agent under test and a local user simulator. The key
+# comes from the environment (LiteLLM's openai/ provider reads $OPENAI_API_KEY); τ²-bench writes the
+# --*-llm-args into results.json, so a key there would leak. Temperature 0.0 is τ²-bench's own default,
+# stated so the run is greedy whatever the server's defaults.
 TAU2 = (
-    "tau2 run --domain retail --agent-llm openai/NAME "
-    '--agent-llm-args \'{"api_base": "http://127.0.0.1:PORT/v1", "api_key": "KEY"}\''
+    "export TRACE_SERVE_API_KEY=secret OPENAI_API_KEY=secret\n"
+    "  trace serve store://model/AGENT --port 8000 &\n"
+    "  trace serve store://model/USER --port 8001 &\n"
+    "  tau2 run --domain retail --num-trials 1 --max-concurrency 4 \\\n"
+    "    --agent-llm openai/AGENT --agent-llm-args "
+    '\'{"api_base": "http://127.0.0.1:8000/v1", "temperature": 0.0}\' \\\n'
+    "    --user-llm openai/USER --user-llm-args "
+    '\'{"api_base": "http://127.0.0.1:8001/v1", "temperature": 0.0}\''
 )
 
 
 def tau2_command(name: str, host: str, port: int, api_key: str | None) -> str:
-    args = {"api_base": f"http://{host}:{port}/v1", "api_key": api_key or "none"}
-    return f"tau2 run --domain retail --agent-llm openai/{name} --agent-llm-args '{json.dumps(args)}'"
+    """The τ²-bench command for this server as the agent (key from $OPENAI_API_KEY, never in the args)."""
+    args = {"api_base": f"http://{host}:{port}/v1", "temperature": 0.0}
+    key = "OPENAI_API_KEY=$TRACE_SERVE_API_KEY " if api_key else "OPENAI_API_KEY=none "
+    return (
+        f"{key}tau2 run --domain retail --agent-llm openai/{name} --agent-llm-args '{json.dumps(args)}' "
+        "--user-llm openai/USER --user-llm-args '{\"api_base\": \"http://127.0.0.1:PORT2/v1\", "
+        "\"temperature\": 0.0}'  (USER: a second trace serve)"
+    )
 
 
 def served_name(ref: str) -> str:
@@ -33,7 +49,7 @@ def served_name(ref: str) -> str:
         "  trace serve store://adapter/precondition --port 8001 --api-key secret\n\n"
         "  trace serve store://composition/router --port 8002\n\n"
         "Clients: the model id is NAME (the artifact's name; --name to change it).\n\n"
-        f"\b\nτ²-bench (LiteLLM):\n  {TAU2}\n\n"
+        f"\b\nτ²-bench (LiteLLM), agent and user simulator both served locally, offline:\n  {TAU2}\n\n"
         "  trace eval --model 'openai:http://127.0.0.1:PORT/v1?model=NAME' --env shop --seeds 0:50\n\n"
         '  OpenAI SDK:  OpenAI(base_url="http://127.0.0.1:PORT/v1", api_key="KEY")\n\n'
         "Binds to loopback unless --host says otherwise; Ctrl-C stops it cleanly."
@@ -54,10 +70,10 @@ def served_name(ref: str) -> str:
     type=click.FloatRange(0),
     default=5.0,
     show_default=True,
-    help="Wait this long to batch requests.",
+    help="Unused: requests join the running batch between tokens (kept for old command lines).",
 )
 @click.option(
-    "--max-batch", type=click.IntRange(1), default=32, show_default=True, help="Requests per generate call."
+    "--max-batch", type=click.IntRange(1), default=32, show_default=True, help="Rows in the running batch."
 )
 @store_option
 def serve(model_ref, host, port, api_key, model_name, max_tokens, batch_window_ms, max_batch, store_dir):
@@ -65,7 +81,10 @@ def serve(model_ref, host, port, api_key, model_name, max_tokens, batch_window_m
     /v1/chat/completions.
 
     Tool calls come back in OpenAI's `tool_calls` format, parsed with the model's own tool-call parser;
-    concurrent requests are batched into one generate call. A composition routes as it does in eval (a
+    tool_choice "required" or a named function prefills the call. Requests join the running batch between
+    tokens (continuous batching), streams send tokens as they are made, a client that disconnects stops its
+    generation, and a prompt that does not fit the context gets HTTP 400 context_length_exceeded. One log line
+    per request goes to stderr. A composition routes as it does in eval (a
     router decides on the request's messages and names its choice in the x-trace-route response header).
     """
     import socket
@@ -96,6 +115,16 @@ def serve(model_ref, host, port, api_key, model_name, max_tokens, batch_window_m
     policy = load_policy(ref, temperature=0.0, max_new_tokens=max_tokens)
     engine = Engine(policy, name, window_s=batch_window_ms / 1000, max_batch=max_batch)
     app = create_app(engine, api_key=api_key, default_max_tokens=max_tokens)
+    import logging
+    import sys
+
+    log = logging.getLogger("trace.serve")  # one line per request (serve.app)
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
     if host not in ("127.0.0.1", "localhost", "::1"):
         info(f"warning: listening on {host}, not loopback: anyone who can reach it can use the model")
     info(f"serving {ref.display} as {name!r} at http://{host}:{port}/v1")

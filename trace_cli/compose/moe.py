@@ -66,6 +66,28 @@ class RoutingTrace:
         if self.fresh:
             self.state = {}
 
+    # A server's running batch gains and loses rows between tokens (serve.engine): the gates' running context
+    # is per row, so it follows the rows.
+    def take_rows(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """The running context of every row (and none is left): before new rows are prefilled."""
+        state, self.state = self.state, {}
+        return state
+
+    def join_rows(self, before: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Rows whose context is `before` (take_rows) come first, the rows just prefilled after them."""
+        new = self.state
+        self.state = {
+            k: (torch.cat([before[k][0], new[k][0]]), torch.cat([before[k][1], new[k][1]]))
+            for k in new
+            if k in before
+        }
+
+    def select_rows(self, idx: torch.Tensor) -> None:
+        self.state = {
+            k: (e.index_select(0, idx.to(e.device)), c.index_select(0, idx.to(c.device)))
+            for k, (e, c) in self.state.items()
+        }
+
     def context_mean(self, name: str, x: torch.Tensor) -> torch.Tensor:
         """Exponential moving average of x over the sequence's real tokens so far (x: B, T, d), horizon
         `horizon` tokens, bias-corrected; carried across KV-cached steps. Recent tokens dominate, so the

@@ -153,20 +153,39 @@ class RouterPolicy(HFPolicy):
         up to the user message at which eval would have decided (`routed_part`). Without conversations, on
         the prompt's text. `last_routes` then holds each prompt's decision, as eval records it."""
         if conversations is None:
-            parts = [[{"role": "user", "content": p[-4000:]}] for p in prompts]
+            routed = self.routes_for(None, prompts=prompts)
         else:
-            parts = [routed_part(c, self.settings["reroute"]) for c in conversations]
-        mixes = self.route(parts)
-        self.last_routes = [{self.skills[i].name: a for i, a in m.items()} or {"base": 1.0} for m in mixes]
+            routed = self.routes_for(conversations)
+        self.last_routes = [route for _, route in routed]
         out: list[Any] = [None] * len(prompts)
         groups: dict[tuple, list[int]] = {}
-        for i, mix in enumerate(mixes):
-            groups.setdefault(tuple(sorted(mix.items())), []).append(i)
+        for i, (key, _) in enumerate(routed):
+            groups.setdefault(key, []).append(i)
         for key, idx in groups.items():
-            self.merger.apply(dict(key))
+            self.use_route(key)
             for i, r in zip(idx, super().generate([prompts[i] for i in idx], **kw), strict=True):
                 out[i] = r
         return out
+
+    def routes_for(
+        self, conversations: list[list[dict[str, Any]]] | None, *, prompts: list[str] | None = None
+    ) -> list[tuple[tuple, dict[str, float]]]:
+        """(key for `use_route`, decision as eval records it) per conversation, each routed on the messages
+        eval would have decided on (`routed_part`); without conversations, on the prompts' text. Runs the
+        classifier on the base weights (leaves them merged as the base)."""
+        if conversations is None:
+            parts = [[{"role": "user", "content": p[-4000:]}] for p in prompts or []]
+        else:
+            parts = [routed_part(c, self.settings["reroute"]) for c in conversations]
+        mixes = self.route(parts)
+        return [
+            (tuple(sorted(m.items())), {self.skills[i].name: a for i, a in m.items()} or {"base": 1.0})
+            for m in mixes
+        ]
+
+    def use_route(self, key: tuple) -> None:
+        """Merge the weights for a decision (`routes_for`'s key)."""
+        self.merger.apply(dict(key))
 
 
 def routed_part(messages: list[dict[str, Any]], reroute: str) -> list[dict[str, Any]]:

@@ -1,21 +1,28 @@
-"""What `trace serve` runs behind HTTP: OpenAI messages -> the model's own prompt, batched generation, and
-the completion parsed with the model's tool-call parser into OpenAI `tool_calls`.
+"""What `trace serve` runs behind HTTP: OpenAI messages -> the model's own prompt, continuous batching token by
+token, and the completion parsed with the model's tool-call parser into OpenAI `tool_calls`.
 
-Concurrent requests are batched: a request waits up to `window_s` for others, and those with the same
-sampling settings share one `generate` call (left-padded, as in eval). Generation runs on one worker
-thread, so the event loop keeps accepting requests meanwhile. A policy that routes conversations (a router
-composition) gets each request's messages with its prompt, so it decides as it does in eval; its decision
-comes back with the completion.
+One worker thread owns the model and runs a decode loop over a running batch: between two tokens it drops
+the rows whose client went away, admits waiting requests (their prompts are prefilled together and their KV
+cache joins the batch's, left-padded), then feeds every row its last token and samples the next. Each row
+ends at a stop token, a `stop` string, `max_tokens`, or (under a forced tool call) when the call's arguments
+close. Every new token is reported to the request as its text so far, so responses stream as they are made.
+
+A router composition re-merges its weights per routing decision, so its rows only share a batch with rows
+routed the same way: it routes waiting requests (on the base weights) when the batch is empty and runs one
+group at a time. A gated MoE with context gates keeps a running context per row, which follows the rows as
+they join and leave (compose.moe.RoutingTrace.take_rows / join_rows).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import queue
+import random
+import threading
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from trace_cli.models.chat import TOOL_CALL_RE, cut_at_end, parse_assistant, render, strip_text
 
@@ -79,6 +86,20 @@ def to_internal(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def call_prefix(fmt: str, name: str, template: str | None = None) -> str:
+    """The start of a call to `name` in tool-call format `fmt`, up to the name's end: what a forced
+    `tool_choice` prefills (the model writes the arguments)."""
+    if fmt == "hermes":
+        return f'<tool_call>\n{{"name": "{name}"'
+    if fmt == "llama3-json":
+        return f'{{"name": "{name}"'
+    if fmt == "mistral":
+        return f"[TOOL_CALLS]{name}[ARGS]" if "[ARGS]" in (template or "") else f'[TOOL_CALLS][{{"name": "{name}"'
+    if fmt == "pythonic":
+        return f"[{name}("
+    raise ValueError(f"unknown tool-call format {fmt!r}")
+
+
 @dataclass
 class Completion:
     index: int
@@ -88,12 +109,33 @@ class Completion:
     completion_tokens: int
 
 
-@dataclass
-class Job:
-    prompt: str
-    key: tuple  # (temperature, top_p, max_tokens): jobs with equal keys share a generate call
-    future: asyncio.Future = field(repr=False)
-    messages: list[dict[str, Any]] | None = None  # the conversation (internal form) the prompt renders
+def _call(name: str, arguments: Any) -> dict[str, Any]:
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {
+            "name": name,
+            "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False),
+        },
+    }
+
+
+def forced_arguments(text: str, name: str) -> str:
+    """The arguments of a forced call to `name` whose text does not parse: the first JSON object after the
+    name (the model's own, as OpenAI returns arguments it does not validate), `{}` when there is none."""
+    body = strip_text(text)
+    at = body.find(name)
+    rest = body[at + len(name) :] if at >= 0 else body
+    dec = json.JSONDecoder()
+    for i, ch in enumerate(rest):
+        if ch == "{":
+            try:
+                obj, _ = dec.raw_decode(rest, i)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(obj, dict):
+                return json.dumps(obj.get("arguments", obj.get("parameters", obj)), ensure_ascii=False)
+    return "{}"
 
 
 def to_completion(
@@ -101,132 +143,426 @@ def to_completion(
     ids: list[int],
     *,
     index: int,
-    max_tokens: int,
+    max_tokens: int | None = None,
     parse_tools: bool,
-    stop: list[str],
-    eos_id: int | list[int],
+    stop: list[str] | None = None,
+    eos_id: int | list[int] | None = None,
     parse=None,
+    finish: str | None = None,
+    forced: list[str] | None = None,
 ) -> Completion:
     """A generated turn -> an OpenAI choice. Parsed as `trace eval` parses it: valid calls become `tool_calls`
-    (content = the text around them); a turn with a call that does not parse is returned as its raw text, so
-    a client that parses it (the eval loop does) sees the same malformed call."""
-    stops = set(eos_id) if isinstance(eos_id, list) else {eos_id}
-    finish = "stop" if stops & set(ids) or len(ids) < max_tokens else "length"
+    (content = the text around them, null when there is none); a turn with a call that does not parse is
+    returned as its raw text, so a client that parses it (the eval loop does) sees the same malformed call.
+    Under a forced `tool_choice` (`forced`: the names allowed) the turn is a call whatever the model wrote.
+    `finish` is the engine's reason; without it, it is derived from the ids (stop token or length)."""
+    if finish is None:
+        stops = set(eos_id) if isinstance(eos_id, list) else {eos_id}
+        finish = "stop" if stops & set(ids) or len(ids) < (max_tokens or 0) else "length"
     calls: list[dict[str, Any]] = []
     # the model family's parser (HFPolicy.parse); Hermes `<tool_call>` by default
     actions = (parse or parse_assistant)(text) if parse_tools else [{"content": strip_text(text)}]
+    named = [a for a in actions if "name" in a]
+    if forced and not (named and all(a["name"] in forced for a in named)):
+        # the prefill named the function; the model's arguments are taken as it wrote them
+        name = next((n for n in forced if n in text), forced[0])
+        return Completion(index, None, [_call(name, forced_arguments(text, name))], "tool_calls", len(ids))
     if any("name" in a or "malformed" in a for a in actions):
         if any("malformed" in a for a in actions):
             content: str | None = cut_at_end(text)
         else:
             said = next((a["content"] for a in actions if "content" in a), None)
             content = said if said is not None else TOOL_CALL_RE.sub("", strip_text(text)).strip()
-            calls = [
-                {
-                    "id": f"call_{uuid.uuid4().hex[:24]}",
-                    "type": "function",
-                    "function": {
-                        "name": a["name"],
-                        "arguments": json.dumps(a["arguments"], ensure_ascii=False),
-                    },
-                }
-                for a in actions
-            ]
+            calls = [_call(a["name"], a["arguments"]) for a in named]
             finish = "tool_calls"
+            content = content or None  # OpenAI: a reply that is only tool calls has content null
     else:
         content = strip_text(text)
-    if stop and content and not calls:
+    if stop and content and not calls:  # the engine ends generation at a stop string; this is for callers
         cuts = [content.find(s) for s in stop if s and s in content]
         if cuts:
             content, finish = content[: min(cuts)], "stop"
     return Completion(index, content, calls, finish, len(ids))
 
 
-class Engine:
-    """A loaded HF policy (`HFPolicy.generate`) behind an asyncio batching queue."""
+@dataclass
+class Job:
+    """One choice of one request, from admission to its last token. The worker thread owns every field but
+    `cancelled`, which the request's side sets when its client goes away."""
 
-    def __init__(self, policy, name: str, *, window_s: float = 0.005, max_batch: int = 32):
+    prompt_ids: list[int]
+    max_tokens: int
+    emit: Callable[[tuple], None]  # thread-safe: ("start", route) | ("text", text, n) | ("done", ...) | ("error", e)
+    temperature: float = 0.0
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    forced: list[list[int]] | None = None  # token sequences the completion must start with (one of them)
+    messages: list[dict[str, Any]] | None = None  # the conversation (a router routes on it)
+    seed: int | None = None
+    cancelled: bool = False
+    # worker state
+    ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish: str | None = None
+    key: tuple | None = None  # a router's decision (rows with equal keys share a batch)
+    route: dict[str, float] | None = None
+    close_json: bool = False  # forced call: end when the arguments' JSON object closes
+    _gen: Any = None
+    _forced_len: int = 0
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Engine:
+    """A loaded HF policy (HFPolicy or a composition's policy) behind a continuous-batching decode loop."""
+
+    def __init__(self, policy, name: str, *, window_s: float = 0.0, max_batch: int = 32):
         self.policy = policy
         self.name = name
-        self.window_s = window_s
+        self.model = policy.model
+        self.tok = policy.tok
+        self.window_s = window_s  # kept for the CLI option: admission happens between tokens anyway
         self.max_batch = max_batch
         self.eos_id = list(policy.eos)  # every stop token of the model (tokenizer + generation config)
         self.parse = getattr(policy, "parse", None)
+        self.tool_format = getattr(policy, "tool_format", None) or "hermes"
+        self.max_context: int | None = getattr(policy, "max_context", None)
         # a router composition routes each conversation on its messages (compose.policy.RouterPolicy)
-        self.routes = hasattr(policy, "last_routes")
-        self._queue: asyncio.Queue[Job] | None = None
-        self._task: asyncio.Task | None = None
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
-        self.batches: list[int] = []  # sizes of the generate calls made (for tests and the benchmark)
+        self.routes = hasattr(policy, "routes_for")
+        routing = getattr(policy, "routing", None) or {}
+        self._trace = routing.get("trace") if isinstance(routing, dict) else None
+        self._inbox: queue.Queue[Job] = queue.Queue()
+        self._waiting: list[Job] = []
+        self._rows: list[Job] = []
+        self._cache = None
+        self._mask = None  # (B, L) 1 for real tokens of the running batch's cache
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self.batches: list[int] = []  # running batch size at each decode step (tests and the benchmark)
+        self.max_running = 0
+
+    # -- the request side (event loop) ---------------------------------------------------------------
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-        return render(self.policy.tok, messages, tools, add_generation_prompt=True)
+        return render(self.tok, messages, tools, add_generation_prompt=True)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok(text, add_special_tokens=False)["input_ids"]
+
+    def forced_ids(self, prompt: str, prompt_ids: list[int], names: list[str]) -> list[list[int]]:
+        """Per tool name, the tokens a call to it starts with after `prompt` (tokenized with the prompt, so
+        they are the tokens the model would have produced)."""
+        out = []
+        template = getattr(self.tok, "chat_template", None)
+        template = template if isinstance(template, str) else None
+        for n in names:
+            full = self.encode(prompt + call_prefix(self.tool_format, n, template))
+            k = 0
+            while k < min(len(full), len(prompt_ids)) and full[k] == prompt_ids[k]:
+                k += 1
+            seq = full[k:] if k == len(prompt_ids) else self.encode(call_prefix(self.tool_format, n, template))
+            out.append(seq)
+        return out
 
     def start(self) -> None:
-        self._queue = asyncio.Queue()
-        self._task = asyncio.get_running_loop().create_task(self._loop())
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._run, name="generate", daemon=True)
+        self._thread.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._stopping.set()
+        self._inbox.put(None)  # type: ignore[arg-type]  # wake the worker
+        if self._thread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 10)
+
+    def submit(self, job: Job) -> Job:
+        assert self._thread is not None, "Engine.start() first"
+        self._inbox.put(job)
+        return job
 
     async def generate(
-        self, prompt: str, key: tuple, messages: list[dict[str, Any]] | None = None
+        self,
+        prompt: str,
+        key: tuple,
+        messages: list[dict[str, Any]] | None = None,
     ) -> tuple[str, list[int], list[int], dict[str, float] | None]:
-        """(text, completion ids, prompt ids, routing decision or None) for one rendered prompt."""
-        assert self._queue is not None, "Engine.start() first"
-        fut = asyncio.get_running_loop().create_future()
-        await self._queue.put(Job(prompt, key, fut, messages))
-        return await fut
-
-    def _generate(self, jobs: list[Job], temperature, top_p, max_tokens) -> list[tuple]:
-        """One batched generate call (on the worker thread, which also reads the router's decisions)."""
-        kw: dict[str, Any] = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_tokens}
-        prompts = [j.prompt for j in jobs]
-        if not self.routes:
-            return [(*out, None) for out in self.policy.generate(prompts, **kw)]
-        outs = self.policy.generate(prompts, conversations=[j.messages or [] for j in jobs], **kw)
-        return [(*out, route) for out, route in zip(outs, self.policy.last_routes, strict=True)]
-
-    async def _loop(self) -> None:
+        """(text, completion ids, prompt ids, routing decision or None) for one rendered prompt, as
+        HFPolicy.generate gives it (`key`: temperature, top_p, max_tokens)."""
         loop = asyncio.get_running_loop()
-        assert self._queue is not None
+        fut = loop.create_future()
+        route: list[Any] = [None]
+
+        def emit(ev: tuple) -> None:
+            def put() -> None:
+                if ev[0] == "start":
+                    route[0] = ev[1]
+                elif ev[0] == "done" and not fut.done():
+                    fut.set_result(ev)
+                elif ev[0] == "error" and not fut.done():
+                    fut.set_exception(ev[1])
+
+            loop.call_soon_threadsafe(put)
+
+        temperature, top_p, max_tokens = key
+        ids = self.encode(prompt)
+        job = self.submit(Job(ids, max_tokens, emit, temperature, top_p, messages=messages))
+        try:
+            _, text, comp, _ = await fut
+        except asyncio.CancelledError:
+            job.cancel()
+            raise
+        return text, comp, ids, route[0]
+
+    # -- the worker thread ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        import torch
+
+        with torch.inference_mode():
+            while not self._stopping.is_set():
+                try:
+                    self._admit(block=not self._rows)
+                    if self._rows:
+                        self._step()
+                except Exception as e:  # noqa: BLE001 - every running request gets the error (HTTP 500)
+                    for j in self._rows + self._waiting:
+                        j.emit(("error", e))
+                    self._rows, self._waiting, self._cache, self._mask = [], [], None, None
+
+    def _pull(self, block: bool) -> None:
+        try:
+            job = self._inbox.get(timeout=0.2) if block and not self._waiting else self._inbox.get_nowait()
+        except queue.Empty:
+            return
         while True:
-            batch = [await self._queue.get()]
-            deadline = loop.time() + self.window_s
-            while len(batch) < self.max_batch:
-                left = deadline - loop.time()
-                try:
-                    batch.append(
-                        self._queue.get_nowait()
-                        if left <= 0
-                        else await asyncio.wait_for(self._queue.get(), left)
-                    )
-                except (TimeoutError, asyncio.QueueEmpty):
-                    break
-            groups: dict[tuple, list[Job]] = {}
-            for job in batch:
-                groups.setdefault(job.key, []).append(job)
-            for key, jobs in groups.items():
-                jobs = [j for j in jobs if not j.future.done()]  # a client that went away
-                if not jobs:
-                    continue
-                temperature, top_p, max_tokens = key
-                self.batches.append(len(jobs))
-                try:
-                    outs = await loop.run_in_executor(
-                        self._pool, self._generate, jobs, temperature, top_p, max_tokens
-                    )
-                except Exception as e:  # noqa: BLE001 - every waiting request gets the error (HTTP 500)
-                    for j in jobs:
-                        if not j.future.done():
-                            j.future.set_exception(e)
-                    continue
-                for j, out in zip(jobs, outs, strict=True):
-                    if not j.future.done():
-                        j.future.set_result(out)
+            if job is not None:
+                self._waiting.append(job)
+            try:
+                job = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _admit(self, block: bool) -> None:
+        if any(j.cancelled for j in self._rows):
+            self._keep([i for i, j in enumerate(self._rows) if not j.cancelled])
+        self._pull(block)
+        self._waiting = [j for j in self._waiting if not j.cancelled]
+        if not self._waiting or self._stopping.is_set():
+            return
+        if self.routes:
+            if self._rows:
+                return  # routing needs the base weights: wait until this group is done
+            fresh = [j for j in self._waiting if j.key is None]
+            if fresh:
+                for j, (key, route) in zip(
+                    fresh, self.policy.routes_for([j.messages or [] for j in fresh]), strict=True
+                ):
+                    j.key, j.route = key, route
+            key = self._waiting[0].key
+            group = [j for j in self._waiting if j.key == key][: self.max_batch]
+            self.policy.use_route(key)
+        else:
+            group = self._waiting[: max(0, self.max_batch - len(self._rows))]
+        if not group:
+            return
+        taken = {id(j) for j in group}
+        self._waiting = [j for j in self._waiting if id(j) not in taken]
+        for j in group:
+            j.emit(("start", j.route))
+        self._prefill(group)
+
+    def _device(self):
+        return next(self.model.parameters()).device
+
+    def _prefill(self, group: list[Job]) -> None:
+        """Run the new rows' prompts through the model together and join their cache to the batch's."""
+        import torch
+        from transformers import DynamicCache
+
+        dev = self._device()
+        width = max(len(j.prompt_ids) for j in group)
+        pad = self.policy._pad()
+        ids = torch.full((len(group), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(group), width), dtype=torch.long)
+        for i, j in enumerate(group):
+            ids[i, width - len(j.prompt_ids) :] = torch.tensor(j.prompt_ids, dtype=torch.long)
+            mask[i, width - len(j.prompt_ids) :] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        saved = self._trace.take_rows() if self._trace is not None else None
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        logits = out.logits[:, -1]
+        cache = out.past_key_values
+        if self._rows:
+            self._cache, self._mask = _join(self._cache, self._mask, cache, mask)
+            if self._trace is not None:
+                self._trace.join_rows(saved)
+        else:
+            self._cache, self._mask = cache, mask
+        self._rows = self._rows + group
+        self.max_running = max(self.max_running, len(self._rows))
+        for j in group:
+            j.ids, j.text = [], ""
+            if j.temperature > 0:
+                j._gen = torch.Generator(device=dev)
+                j._gen.manual_seed(j.seed if j.seed is not None else random.getrandbits(62))
+        self._advance(group, logits)
+
+    def _step(self) -> None:
+        import torch
+
+        dev = self._device()
+        last = torch.tensor([[j.ids[-1]] for j in self._rows], dtype=torch.long, device=dev)
+        pos = self._mask.sum(-1, keepdim=True)
+        self._mask = torch.cat([self._mask, self._mask.new_ones((len(self._rows), 1))], -1)
+        out = self.model(
+            input_ids=last,
+            attention_mask=self._mask,
+            position_ids=pos,
+            past_key_values=self._cache,
+            use_cache=True,
+        )
+        self._cache = out.past_key_values
+        self.batches.append(len(self._rows))
+        self._advance(self._rows, out.logits[:, -1])
+
+    def _advance(self, rows: list[Job], logits) -> None:
+        """Choose each row's next token, report its text, and drop the rows that are done."""
+        import torch
+
+        greedy = logits.argmax(-1).tolist()
+        eos = set(self.eos_id)
+        for r, j in enumerate(rows):
+            k = len(j.ids)
+            tok = greedy[r]
+            if j.forced and k < max(len(c) for c in j.forced):
+                live = [c for c in j.forced if len(c) > k and c[:k] == j.ids]
+                nxt = sorted({c[k] for c in live}) or [tok]
+                if len(nxt) == 1:
+                    tok = nxt[0]
+                else:
+                    row = logits[r, nxt]
+                    tok = nxt[_pick(row, j) if j.temperature > 0 else int(row.argmax())]
+                if all(len(c) == k + 1 for c in live if c[k] == tok):
+                    j.close_json = self._closes_json()
+                    j._forced_len = k + 1
+            elif j.temperature > 0:
+                tok = _sample(logits[r], j, torch)
+            j.ids.append(tok)
+            if tok in eos:
+                j.finish = "stop"
+            else:
+                j.text = self.tok.decode(j.ids, skip_special_tokens=False)
+                if j.stop:
+                    self._cut_stop(j)
+                if j.finish is None and j.close_json and k + 1 > j._forced_len and _json_closed(j.text):
+                    j.finish = "tool_calls"
+            if j.finish is None and len(j.ids) >= j.max_tokens:
+                j.finish = "length"
+            if j.finish is None:
+                j.emit(("text", j.text, len(j.ids)))
+        done = [j for j in rows if j.finish is not None]
+        if done:
+            for j in done:
+                text = j.text if j.finish != "stop" or j.ids[-1] not in eos else self.tok.decode(
+                    j.ids, skip_special_tokens=False
+                )
+                j.emit(("done", text, list(j.ids), j.finish))
+            gone = {id(j) for j in done}
+            self._keep([i for i, j in enumerate(self._rows) if id(j) not in gone])
+
+    def _closes_json(self) -> bool:
+        return self.tool_format in ("hermes", "llama3-json", "mistral")
+
+    @staticmethod
+    def _cut_stop(j: Job) -> None:
+        hits = [j.text.find(s) for s in j.stop if s and s in j.text]
+        if hits:
+            j.text, j.finish = j.text[: min(hits)], "stop"
+
+    def _keep(self, keep: list[int]) -> None:
+        """Keep only rows `keep` of the running batch (cache, mask, gate context), trimming all-pad columns."""
+        import torch
+
+        if len(keep) == len(self._rows):
+            return
+        self._rows = [self._rows[i] for i in keep]
+        if not keep:
+            self._cache, self._mask = None, None
+            if self._trace is not None:
+                self._trace.take_rows()
+            return
+        idx = torch.tensor(keep, dtype=torch.long, device=self._mask.device)
+        mask = self._mask.index_select(0, idx)
+        real = mask.any(0).nonzero()
+        start = int(real[0]) if len(real) else 0
+        self._mask = mask[:, start:]
+        for layer in self._cache.layers:
+            layer.keys = layer.keys.index_select(0, idx.to(layer.keys.device))[:, :, start:]
+            layer.values = layer.values.index_select(0, idx.to(layer.values.device))[:, :, start:]
+        if self._trace is not None:
+            self._trace.select_rows(idx)
+
+
+def _join(cache, mask, new_cache, new_mask):
+    """The running batch's cache and mask with new rows appended, both left-padded to the longer length."""
+    import torch
+    import torch.nn.functional as F
+
+    a, b = mask.shape[1], new_mask.shape[1]
+    width = max(a, b)
+    mask = torch.cat([F.pad(mask, (width - a, 0)), F.pad(new_mask, (width - b, 0))], 0)
+    for old, new in zip(cache.layers, new_cache.layers, strict=True):
+        old.keys = torch.cat([F.pad(old.keys, (0, 0, width - a, 0)), F.pad(new.keys, (0, 0, width - b, 0))], 0)
+        old.values = torch.cat(
+            [F.pad(old.values, (0, 0, width - a, 0)), F.pad(new.values, (0, 0, width - b, 0))], 0
+        )
+    return cache, mask
+
+
+def _pick(row, job: Job) -> int:
+    import torch
+
+    probs = (row.float() / max(job.temperature, 1e-5)).softmax(-1)
+    return int(torch.multinomial(probs, 1, generator=job._gen))
+
+
+def _sample(row, job: Job, torch) -> int:
+    """Temperature and nucleus (top_p) sampling of one row with the job's own generator."""
+    probs = (row.float() / job.temperature).softmax(-1)
+    if job.top_p < 1.0:
+        p, order = probs.sort(descending=True)
+        keep = (p.cumsum(-1) - p) < job.top_p
+        probs = torch.zeros_like(probs).scatter(0, order[keep], p[keep])
+    return int(torch.multinomial(probs, 1, generator=job._gen))
+
+
+_DEC = json.JSONDecoder()
+
+
+def _json_closed(text: str) -> bool:
+    """Whether a forced call's arguments are complete: the JSON object after `"arguments":` (`"parameters":`,
+    `[ARGS]`) decodes and the call's own object is closed after it (or there is none to close: `[ARGS]`)."""
+    if not text.endswith("}"):
+        return False
+    at = max(text.rfind('"arguments":'), text.rfind('"parameters":'))
+    if at >= 0:
+        rest, tail = text[at:].split(":", 1)[1].lstrip(), "}"
+    elif "[ARGS]" in text:
+        rest, tail = text[text.rfind("[ARGS]") + 6 :].lstrip(), ""
+    else:
+        return False
+    try:
+        obj, end = _DEC.raw_decode(rest)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(obj, dict) and rest[end:].strip() == tail
