@@ -143,3 +143,55 @@ def test_moe_evaluates_on_shop(moe_art, composed_store):
     )
     assert r.exit_code == 0, r.output
     assert composed_store.list("eval")
+
+
+NEED_TARGET = "shop?families=return_item,exchange,order_status"
+DEFICIENT = "policy:demonstration?deficits=structured_data_reasoning,tool_calling_precision&rate=1"
+
+
+@pytest.fixture(scope="module")
+def deficient_rollouts(composed_store):
+    """The target as an agent lacking both experts' capabilities plays it: train and held-out conversations."""
+    out = {}
+    for name, seeds in (("need-train", "200:236"), ("need-test", "300:336")):
+        cfg = {"model": DEFICIENT, "env": NEED_TARGET, "seeds": seeds}
+        out[name] = execute("eval", cfg, composed_store, name=name).outputs["rollouts"]
+    return out
+
+
+def test_target_conversations_are_labelled_with_the_expert_they_lack(deficient_rollouts):
+    """Not base for every target turn: a conversation that lacks an expert's capability is that expert's."""
+    from trace_cli.stages.compose import _by_need
+    from trace_cli.store.rollouts import read_episodes
+
+    names = list(CAPS)  # slot 1: structured_data_reasoning, slot 2: tool_calling_precision
+    eps = read_episodes(deficient_rollouts["need-train"].path)
+    slots = _by_need(eps, names)
+    by_family: dict[str, list[int]] = {}
+    for ep, s in zip(eps, slots, strict=True):
+        by_family.setdefault(ep["task_id"].split("-")[1], []).append(s)
+    assert set(by_family["order_status"]) == {0}, by_family  # needs neither expert
+    assert by_family["return_item"].count(1) >= 0.8 * len(by_family["return_item"]), by_family
+    assert by_family["exchange"].count(2) >= 0.8 * len(by_family["exchange"]), by_family
+
+
+def test_gates_learn_need_labels_and_are_scored_on_the_agents_own_held_out_conversations(
+    composed_store, deficient_rollouts
+):
+    """Target transcripts labelled by need train the gates with the experts' environments; routing accuracy is
+    measured on the agent's own held-out conversations, with their count per slot."""
+    moe = {
+        **MOE,
+        "target": NEED_TARGET,
+        "data": [{"rollouts": "store://rollouts/need-train", "expert": "needs"}],
+        "test_rollouts": "store://rollouts/need-test",
+        "steps": 150,
+    }
+    cfg = {"method": "moe", "adapters": ["store://adapter/structured", "store://adapter/tool"], "moe": moe}
+    s = execute("compose", cfg, composed_store, name="c-moe-needs").main.summary
+    counts = s["routing_test_episodes"]
+    assert counts["base"] >= 8 and counts["structured_data_reasoning"] >= 8, counts
+    assert counts["tool_calling_precision"] >= 8, counts
+    assert sum(counts.values()) == 36
+    assert s["transcripts"]["structured_data_reasoning"] >= 8  # the target's conversations train the experts' slots
+    assert s["routing_accuracy"] >= 0.8, (s["routing_accuracy"], s["routing_accuracy_per_expert"])

@@ -363,3 +363,10 @@ class RulesAnalyst:
                 lab, why = det(t)
                 out.append(Label(t.episode_id, c.name, run, lab, why))
         return out
+
+
+def needs(episode: dict[str, Any], capabilities: list[str]) -> dict[str, str]:
+    """NA / PRESENT / LACKING of one episode for each named capability that has a detector (others left out):
+    what a conversation needs, for labelling target transcripts by need (the MoE gates)."""
+    t = Trajectory.from_episode(episode)
+    return {c: DETECTORS[c](t)[0] for c in capabilities if c in DETECTORS}

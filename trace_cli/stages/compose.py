@@ -1,7 +1,9 @@
 """Stage `compose`: combine per-capability LoRA adapters (same base) into a `composition` artifact.
 
 `router` (the paper) records experts and settings; `moe` (ours) trains token-level top-1 gates on labelled
-transcripts and reports routing accuracy on held-out turns; `merge` saves PEFT's linear merge. Every check
+transcripts (an expert's environment teaches its slot; a target conversation teaches the slot of the expert whose
+capability it needs, from a diagnosis's labels or the rules detectors) and reports routing accuracy on held-out
+turns (of the agent's own conversations with `moe.test_rollouts`); `merge` saves PEFT's linear merge. Every check
 (adapters exist, share the base, are at least two, gates fit the base) runs in `prepare`, before anything is
 written. The artifact holds copies of the adapters, so it stays usable when they are collected.
 """
@@ -20,6 +22,7 @@ from trace_cli.store.tables import GATE_METRICS
 NAME = "compose"
 OUTPUTS = {"composition": "composition"}
 METHOD_KEYS = ("router", "moe", "merge")
+NEEDS = "needs"  # moe.data's expert for target transcripts labelled with what each one needs
 
 
 def _recorded_base(art) -> str | None:
@@ -151,13 +154,24 @@ def _prepare_moe(cfg, store: Store, adapters, base, extra) -> list[dict[str, Any
         return [g.as_input("gates")]
     data = []
     for i, d in enumerate(m["data"]):
-        if d["expert"] != "base" and d["expert"] not in names:
+        if d["expert"] not in ("base", NEEDS) and d["expert"] not in names:
             raise UsageError(
-                f"moe.data[{i}].expert: {d['expert']!r} is not 'base' or one of {', '.join(names)}"
+                f"moe.data[{i}].expert: {d['expert']!r} is not 'base', {NEEDS!r} or one of {', '.join(names)}"
             )
         art = store.resolve(d["rollouts"], kind="rollouts")
         data.append({**d, "art": art})
         inputs.append(art.as_input(f"data:{d['expert']}"))
+    if m.get("diagnosis"):
+        diag = store.resolve(m["diagnosis"], kind="diagnosis")
+        ro = next((i for i in diag.manifest.get("inputs", []) if i.get("role") == "rollouts"), None)
+        if ro is None:
+            raise UsageError(f"moe.diagnosis: {diag.uri} records no rollouts it diagnosed")
+        extra["diagnosis"] = (diag, store.resolve(f"store://rollouts/{ro['id']}", kind="rollouts"))
+        inputs.append(diag.as_input("diagnosis"))
+    if m.get("test_rollouts"):
+        test = store.resolve(m["test_rollouts"], kind="rollouts")
+        extra["test_rollouts"] = test
+        inputs.append(test.as_input("test_rollouts"))
     if not data:
         seeds = parse_seeds(m["seeds"])
         for a in adapters:
@@ -171,10 +185,11 @@ def _prepare_moe(cfg, store: Store, adapters, base, extra) -> list[dict[str, Any
         inputs.append(policy.as_input("data_policy"))
         extra.update(policy=policy, seeds=seeds)
     labelled = {d["expert"] for d in data}
-    if data and not labelled >= set(names) | {"base"}:
+    if data and NEEDS not in labelled and "diagnosis" not in extra and not labelled >= set(names) | {"base"}:
         missing = sorted((set(names) | {"base"}) - labelled)
         raise UsageError(
-            f"moe.data: no transcripts for {', '.join(missing)}; every expert and 'base' needs some"
+            f"moe.data: no transcripts for {', '.join(missing)}; every expert and 'base' needs some "
+            f"(or give target transcripts labelled by need: expert {NEEDS!r}, or moe.diagnosis)"
         )
     extra["data"] = data
     return inputs
@@ -264,21 +279,66 @@ def _targets(base, path, experts) -> list[str]:
     return check_targets(model, [load_lora(path / e["dir"], e["name"]) for e in experts])
 
 
+def need_slot(labels: dict[str, str], names: list[str]) -> int:
+    """The slot a target conversation needs: the first expert (adapters' order) whose capability it LACKS, else 0.
+
+    Only LACKING counts: a capability the conversation shows (PRESENT) is one the base has there, and the rules
+    detectors call tool-calling precision needed by every conversation that calls a tool, so PRESENT would send
+    nearly every target turn to that expert."""
+    from trace_cli.analysts.base import LACKING
+
+    return next((i for i, n in enumerate(names, start=1) if labels.get(n) == LACKING), 0)
+
+
+def _by_need(episodes: list[dict[str, Any]], names: list[str]) -> list[int]:
+    """Slots of target episodes from the rules detectors (which read the episodes' reference actions)."""
+    from trace_cli.analysts.rules import needs
+
+    return [need_slot(needs(ep, names), names) for ep in episodes]
+
+
+def _diagnosed(diag, rollouts, names: list[str]):
+    """(episode, slot) of a diagnosis's rollouts, the slot from its labels (majority over labelling runs)."""
+    from collections import Counter
+
+    import pyarrow.parquet as pq
+
+    from trace_cli.store.layout import LABELS as LABELS_FILE
+    from trace_cli.store.rollouts import read_episodes
+
+    votes: dict[tuple[str, str], Counter] = {}
+    for r in pq.read_table(diag.path / LABELS_FILE, columns=["episode_id", "capability", "label"]).to_pylist():
+        if r["capability"] in names:
+            votes.setdefault((r["episode_id"], r["capability"]), Counter())[r["label"]] += 1
+    out = []
+    for ep in read_episodes(rollouts.path):
+        labels = {
+            c: votes[(ep["episode_id"], c)].most_common(1)[0][0]
+            for c in names
+            if (ep["episode_id"], c) in votes
+        }
+        out.append((ep, need_slot(labels, names)))
+    return out
+
+
 def _transcripts(prepared: Prepared, store: Store, names: list[str]):
-    """(slot, messages, tools, key) for every labelled transcript: given rollouts, or generated."""
+    """(slot, messages, tools, key) for every labelled transcript: given rollouts, a diagnosis, or generated.
+    Target transcripts are labelled with what they need (`need_slot`), never base for every target turn."""
     from trace_cli.compose.moe_train import Transcript
     from trace_cli.store.rollouts import read_episodes
 
     slot = {"base": 0, **{n: i for i, n in enumerate(names, start=1)}}
     out = []
     for d in prepared.extra["data"]:
-        only_ok = d.get("success_only", d["expert"] != "base")
-        for i, ep in enumerate(read_episodes(d["art"].path)):
-            if only_ok and not ep.get("success"):
-                continue
-            out.append(
-                Transcript(slot[d["expert"]], ep["messages"], ep.get("tools") or [], f"{d['art'].id}:{i}")
-            )
+        only_ok = d.get("success_only", d["expert"] not in ("base", NEEDS))
+        eps = [ep for ep in read_episodes(d["art"].path) if ep.get("success") or not only_ok]
+        slots = _by_need(eps, names) if d["expert"] == NEEDS else [slot[d["expert"]]] * len(eps)
+        for i, (ep, s) in enumerate(zip(eps, slots, strict=True)):
+            out.append(Transcript(s, ep["messages"], ep.get("tools") or [], f"{d['art'].id}:{i}"))
+    if "diagnosis" in prepared.extra:
+        diag, rollouts = prepared.extra["diagnosis"]
+        for ep, s in _diagnosed(diag, rollouts, names):
+            out.append(Transcript(s, ep["messages"], ep.get("tools") or [], f"{rollouts.id}:{ep['episode_id']}"))
     if out or "policy" not in prepared.extra:
         return out
     from trace_cli.compose.policy import load_policy
@@ -290,10 +350,39 @@ def _transcripts(prepared: Prepared, store: Store, names: list[str]):
     jobs = [(s, 0) for s in prepared.extra["seeds"]]
     envs = [(0, m["target"])] + [(slot[a["name"]], a["env"]) for a in prepared.extra["adapters"]]
     for s, env in envs:
-        for r in rollout(policy, lambda env=env: make_env(env, store=store), jobs, max_turns=m["max_turns"]):
-            if s == 0 or r.success:
-                out.append(Transcript(s, r.messages, r.tools, f"{s}:{r.seed}"))
+        results = rollout(policy, lambda env=env: make_env(env, store=store), jobs, max_turns=m["max_turns"])
+        if s == 0:  # the target's conversations: each labelled with what it needs
+            eps = [_as_episode(r) for r in results]
+            for r, need in zip(results, _by_need(eps, names), strict=True):
+                out.append(Transcript(need, r.messages, r.tools, f"0:{r.seed}"))
+            continue
+        out += [Transcript(s, r.messages, r.tools, f"{s}:{r.seed}") for r in results if r.success]
     return out
+
+
+def _as_episode(r) -> dict[str, Any]:
+    """What the rules detectors read of an episode, from a fresh rollout result."""
+    return {
+        "episode_id": f"{r.task_id}:{r.trial}",
+        "task_id": r.task_id,
+        "success": r.success,
+        "reward": r.reward,
+        "messages": r.messages,
+        "reference_actions": r.metadata.get("reference_actions"),
+    }
+
+
+def _test_transcripts(prepared: Prepared, names: list[str]):
+    """The agent's own held-out conversations (moe.test_rollouts), labelled by need."""
+    from trace_cli.compose.moe_train import Transcript
+    from trace_cli.store.rollouts import read_episodes
+
+    art = prepared.extra["test_rollouts"]
+    eps = read_episodes(art.path)
+    return [
+        Transcript(s, ep["messages"], ep.get("tools") or [], f"{art.id}:{ep['episode_id']}")
+        for ep, s in zip(eps, _by_need(eps, names), strict=True)
+    ]
 
 
 def _run_moe(prepared: Prepared, store: Store, path, doc, experts, gates_file: str) -> dict[str, Any]:
@@ -337,7 +426,14 @@ def _run_moe(prepared: Prepared, store: Store, path, doc, experts, gates_file: s
                 hint="successful rollouts count for experts",
             )
         examples = build_examples(tok, transcripts, m["max_length"])
-        train, test = split(examples, m["held_out"], cfg["seed"])
+        if "test_rollouts" in prepared.extra:  # every transcript trains; the agent's own conversations test
+            train = examples
+            test = build_examples(tok, _test_transcripts(prepared, names), m["max_length"])
+            summary["routing_test_episodes"] = {
+                n: sum(1 for e in test if e.slot == s) for s, n in enumerate(["base"] + names)
+            }
+        else:
+            train, test = split(examples, m["held_out"], cfg["seed"])
 
         def log(r):
             if r["step"] % 20 == 0 or r["step"] == m["steps"]:
