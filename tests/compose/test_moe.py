@@ -193,5 +193,32 @@ def test_gates_learn_need_labels_and_are_scored_on_the_agents_own_held_out_conve
     assert counts["base"] >= 8 and counts["structured_data_reasoning"] >= 8, counts
     assert counts["tool_calling_precision"] >= 8, counts
     assert sum(counts.values()) == 36
-    assert s["transcripts"]["structured_data_reasoning"] >= 8  # the target's conversations train the experts' slots
+    assert (
+        s["transcripts"]["structured_data_reasoning"] >= 8
+    )  # the target's conversations train the experts' slots
     assert s["routing_accuracy"] >= 0.8, (s["routing_accuracy"], s["routing_accuracy_per_expert"])
+
+
+def test_a_diagnosis_labels_target_conversations_without_new_rollouts(composed_store, deficient_rollouts):
+    """moe.diagnosis: the diagnosed rollouts, slots from the diagnosis's own labels (majority over runs), agree
+    with the rules detectors run on the same episodes."""
+    from trace_cli.stages.compose import _by_need, _diagnosed
+    from trace_cli.store.rollouts import read_episodes
+
+    ro = deficient_rollouts["need-train"]
+    diag = execute(
+        "diagnose", {"rollouts": ro.uri, "analyst": "rules"}, composed_store, name="need-diag"
+    ).main
+    names = list(CAPS)
+    pairs = _diagnosed(diag, ro, names)
+    assert len(pairs) == 36
+    expected = dict(
+        zip(
+            (e["episode_id"] for e in read_episodes(ro.path)),
+            _by_need(read_episodes(ro.path), names),
+            strict=True,
+        )
+    )
+    agree = sum(expected[ep["episode_id"]] == s for ep, s in pairs)
+    assert agree >= 34, agree  # an episode left out of every labelling run's resample keeps base
+    assert {s for _, s in pairs} == {0, 1, 2}

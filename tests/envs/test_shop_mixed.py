@@ -76,8 +76,10 @@ def test_reference_succeeds_and_deficits_fail_where_needed():
         assert len(episode.actions) <= env.max_turns
         for cap, demo in task.deficit_demos.items():
             assert cap in task.capabilities
-            if cap == "precondition_verification" and "cancel_refused" not in task.variant and (
-                task.family != "cancel_order" or task.variant == "allowed"
+            if (
+                cap == "precondition_verification"
+                and "cancel_refused" not in task.variant
+                and (task.family != "cancel_order" or task.variant == "allowed")
             ):
                 continue  # cancelling a pending order without reading it first happens to be right
             seen_needed += 1

@@ -307,7 +307,9 @@ def _diagnosed(diag, rollouts, names: list[str]):
     from trace_cli.store.rollouts import read_episodes
 
     votes: dict[tuple[str, str], Counter] = {}
-    for r in pq.read_table(diag.path / LABELS_FILE, columns=["episode_id", "capability", "label"]).to_pylist():
+    for r in pq.read_table(
+        diag.path / LABELS_FILE, columns=["episode_id", "capability", "label"]
+    ).to_pylist():
         if r["capability"] in names:
             votes.setdefault((r["episode_id"], r["capability"]), Counter())[r["label"]] += 1
     out = []
@@ -338,7 +340,9 @@ def _transcripts(prepared: Prepared, store: Store, names: list[str]):
     if "diagnosis" in prepared.extra:
         diag, rollouts = prepared.extra["diagnosis"]
         for ep, s in _diagnosed(diag, rollouts, names):
-            out.append(Transcript(s, ep["messages"], ep.get("tools") or [], f"{rollouts.id}:{ep['episode_id']}"))
+            out.append(
+                Transcript(s, ep["messages"], ep.get("tools") or [], f"{rollouts.id}:{ep['episode_id']}")
+            )
     if out or "policy" not in prepared.extra:
         return out
     from trace_cli.compose.policy import load_policy

@@ -63,6 +63,4 @@ def make_shop_mixed_env(**params: Any) -> ShopMixedEnv:
     if "families" in params:
         raise UsageError("shop-mixed: parameter 'families' does not apply (its tasks mix requests); use shop")
     env = make_shop_env(**params)
-    return ShopMixedEnv(
-        **{k: getattr(env, k) for k in ("max_turns", "n_orders", "tool_set") if k in params}
-    )
+    return ShopMixedEnv(**{k: getattr(env, k) for k in ("max_turns", "n_orders", "tool_set") if k in params})
