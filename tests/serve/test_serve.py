@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import threading
 import socket
 import subprocess
 import time
@@ -47,19 +49,21 @@ def server(tmp_path_factory):
     Store(store).set_name("model", "tiny", tiny.id)
     port = _free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TRACE_NO_PROGRESS": "1"}
+    log = tmp_path_factory.mktemp("serve-log") / "stderr.txt"
     proc = subprocess.Popen(
         [str(BIN / "trace"), "serve", "store://model/tiny", "--port", str(port), "--store", str(store)]
         + ["--api-key", "k3y", "--max-tokens", "48"],
         env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("w"),  # a file: a pipe nobody reads would fill with the per-request log lines
         text=True,
     )
+    proc.log = log
     base = f"http://127.0.0.1:{port}/v1"
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            pytest.fail(f"server exited: {proc.stderr.read()}")
+            pytest.fail(f"server exited: {log.read_text()}")
         try:
             if _http("GET", f"{base}/models", headers={"Authorization": "Bearer k3y"}, timeout=1)[0] == 200:
                 break
@@ -205,13 +209,195 @@ def test_served_eval_equals_direct_eval(server, tmp_path):
         )
 
 
+TWO_TOOLS = TOOLS + [
+    {
+        "type": "function",
+        "function": {
+            "name": "cancel_pending_order",
+            "description": "Cancel an order that has not shipped.",
+            "parameters": {
+                "type": "object",
+                "properties": {"order_id": {"type": "string"}, "reason": {"type": "string"}},
+                "required": ["order_id", "reason"],
+            },
+        },
+    }
+]
+ASK = [{"role": "user", "content": "Please cancel order #W1000001, I ordered it by mistake."}]
+
+
+def test_tool_choice_required_and_named_return_that_call(server):
+    """The tiny model never writes a call on its own (it writes newlines): only the prefill makes one."""
+    base, _, _ = server
+    client = openai.OpenAI(base_url=base, api_key="k3y", max_retries=0)
+    auto = client.chat.completions.create(
+        model="tiny", messages=ASK, tools=TWO_TOOLS, tool_choice="auto", temperature=0, max_tokens=12
+    )
+    assert not auto.choices[0].message.tool_calls  # so what follows is the server's doing
+    names = {t["function"]["name"] for t in TWO_TOOLS}
+    r = client.chat.completions.create(
+        model="tiny", messages=ASK, tools=TWO_TOOLS, tool_choice="required", temperature=0, max_tokens=24
+    )
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.content is None  # a call-only reply: content null
+    assert len(c.message.tool_calls) == 1 and c.message.tool_calls[0].function.name in names
+    assert isinstance(json.loads(c.message.tool_calls[0].function.arguments), dict)
+    for name in sorted(names):
+        for stream in (False, True):
+            kw = dict(model="tiny", messages=ASK, tools=TWO_TOOLS, temperature=0, max_tokens=24)
+            choice = {"type": "function", "function": {"name": name}}
+            if not stream:
+                r = client.chat.completions.create(tool_choice=choice, **kw)
+                got = [tc.function.name for tc in r.choices[0].message.tool_calls]
+                assert got == [name] and r.choices[0].message.content is None
+                continue
+            chunks = list(client.chat.completions.create(tool_choice=choice, stream=True, **kw))
+            calls = [tc for ch in chunks if ch.choices for tc in ch.choices[0].delta.tool_calls or []]
+            assert [tc.function.name for tc in calls] == [name]
+            assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "tool_calls"
+    # "none": the tools are not offered and nothing is parsed as a call, even text that looks like one
+    r = client.chat.completions.create(
+        model="tiny", messages=ASK, tools=TWO_TOOLS, tool_choice="none", temperature=1, seed=3, max_tokens=24
+    )
+    assert not r.choices[0].message.tool_calls and r.choices[0].finish_reason != "tool_calls"
+
+
+def test_prompt_beyond_the_context_is_context_length_exceeded(server):
+    base, _, _ = server
+    client = openai.OpenAI(base_url=base, api_key="k3y", max_retries=0)
+    long = [{"role": "user", "content": "order " * 5000}]  # the tiny model's context is 4,096 tokens
+    for kw in ({"max_tokens": 16}, {}):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="tiny", messages=long, **kw)
+        assert e.value.status_code == 400 and e.value.code == "context_length_exceeded"
+        err = e.value.body
+        assert err["type"] == "invalid_request_error" and err["param"] == "messages"
+        assert "maximum context length is 4096 tokens" in err["message"]
+    # fits alone, not with max_tokens: refused; without max_tokens the completion gets what fits
+    fits = [{"role": "user", "content": "order " * 3500}]
+    n = client.chat.completions.create(model="tiny", messages=fits, max_tokens=1).usage.prompt_tokens
+    assert 3000 < n < 4096
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=fits, max_tokens=4096 - n + 1)
+    assert e.value.code == "context_length_exceeded"
+    r = client.chat.completions.create(model="tiny", messages=fits, max_tokens=4096 - n, temperature=0)
+    assert r.usage.total_tokens <= 4096
+
+
+def test_stop_strings_end_generation(server):
+    """A stop string ends generation where it appears: the content stops before it, fewer tokens are made."""
+    base, _, _ = server
+    client = openai.OpenAI(base_url=base, api_key="k3y", max_retries=0)
+    kw = dict(model="tiny", messages=ASK, temperature=1.0, seed=7, max_tokens=40)
+    full = client.chat.completions.create(**kw)
+    text = full.choices[0].message.content
+    assert full.usage.completion_tokens == 40 and len(text) > 40, text  # sampled text, to max_tokens
+    again = client.chat.completions.create(**kw)
+    assert again.choices[0].message.content == text  # seeded sampling is reproducible
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    cut = client.chat.completions.create(stop=[stop, "\x00never"], **kw)
+    c = cut.choices[0]
+    assert c.message.content == text[: text.find(stop)] and c.finish_reason == "stop"
+    assert cut.usage.completion_tokens < full.usage.completion_tokens
+    streamed = list(client.chat.completions.create(stop=stop, stream=True, **kw))
+    assert "".join(ch.choices[0].delta.content or "" for ch in streamed if ch.choices) == c.message.content
+
+
+def test_tokens_stream_as_they_are_generated(server):
+    base, _, _ = server
+    client = openai.OpenAI(base_url=base, api_key="k3y", max_retries=0)
+    t0 = time.monotonic()
+    first = None
+    stream = client.chat.completions.create(
+        model="tiny", messages=ASK, temperature=0.8, seed=1, max_tokens=600, stream=True
+    )
+    n_content = 0
+    for ch in stream:
+        if ch.choices and ch.choices[0].delta.content:
+            n_content += 1
+            first = first if first is not None else time.monotonic() - t0
+    total = time.monotonic() - t0
+    assert ch.usage.completion_tokens > 100  # the last chunk (sampling may end it before 600)
+    assert n_content > 50  # token by token, not one block
+    assert first is not None and first < total / 4, (first, total)
+
+
+def test_a_client_that_disconnects_frees_the_server(server):
+    """A stream closed after a few chunks and a request whose client times out both stop generating at
+    once (the server's /stats show nothing running within 1 s), and the next request is served at once."""
+    base, _, _ = server
+    client = openai.OpenAI(base_url=base, api_key="k3y", max_retries=0)
+    h = {"Authorization": "Bearer k3y"}
+    root = base.rsplit("/v1", 1)[0]
+    assert _http("GET", f"{root}/stats", headers=h)[1]["running"] == 0
+    # greedy, the tiny model writes newlines to max_tokens: ~20 s of work
+    long = dict(model="tiny", messages=ASK, temperature=0, max_tokens=3000)
+    stream = client.chat.completions.create(stream=True, **long)
+    next(iter(stream))  # the role chunk: generation has started
+    assert _http("GET", f"{root}/stats", headers=h)[1]["running"] == 1
+    stream.close()
+    t = time.monotonic()
+    while _http("GET", f"{root}/stats", headers=h)[1]["running"]:
+        assert time.monotonic() - t < 1.0, "generation went on after the client disconnected"
+        time.sleep(0.02)
+    # non-streaming: the client gives up after 1 s
+    impatient = openai.OpenAI(base_url=base, api_key="k3y", max_retries=0, timeout=1.0)
+    with pytest.raises(openai.APITimeoutError):
+        impatient.chat.completions.create(**long)
+    t = time.monotonic()
+    while _http("GET", f"{root}/stats", headers=h)[1]["running"]:
+        assert time.monotonic() - t < 1.0, "generation went on after the client timed out"
+        time.sleep(0.02)
+    t = time.monotonic()
+    client.chat.completions.create(model="tiny", messages=ASK, temperature=0, max_tokens=8)
+    assert time.monotonic() - t < 1.0
+
+
+def test_concurrent_requests_share_the_running_batch(server):
+    """A request that arrives while another is generating joins its batch between tokens (continuous
+    batching) and finishes first; each gets the completion it gets alone."""
+    base, _, _ = server
+    client = openai.OpenAI(base_url=base, api_key="k3y", max_retries=0)
+    h = {"Authorization": "Bearer k3y"}
+    root = base.rsplit("/v1", 1)[0]
+    short = dict(model="tiny", messages=ASK, temperature=1.0, seed=2, max_tokens=10)
+    alone = client.chat.completions.create(**short).choices[0].message.content
+    done: dict[str, float] = {}
+
+    def long_one():
+        client.chat.completions.create(model="tiny", messages=ASK, temperature=0, max_tokens=400)
+        done["long"] = time.monotonic()
+
+    th = threading.Thread(target=long_one)
+    th.start()
+    t = time.monotonic()
+    while not _http("GET", f"{root}/stats", headers=h)[1]["running"]:
+        assert time.monotonic() - t < 10
+        time.sleep(0.01)
+    got = client.chat.completions.create(**short).choices[0].message.content
+    done["short"] = time.monotonic()
+    assert _http("GET", f"{root}/stats", headers=h)[1]["running"] == 1  # the long one still runs
+    th.join()
+    assert done["short"] < done["long"]
+    assert got == alone
+    assert _http("GET", f"{root}/stats", headers=h)[1]["max_running"] >= 2
+
+
 def test_ctrl_c_shuts_down_cleanly(server):
     _, _, proc = server
     proc.send_signal(signal.SIGINT)
     proc.wait(timeout=20)
-    err = proc.stderr.read()
+    err = proc.log.read_text()
     assert proc.returncode == 0, err
     assert "server stopped" in err and "Traceback" not in err
+    # one line per request: method, path, status, model, token counts, latency
+    lines = [ln for ln in err.splitlines() if "POST /v1/chat/completions" in ln]
+    assert any(
+        re.search(r"status=200 model=tiny prompt_tokens=\d+ completion_tokens=\d+ latency_ms=\d+", ln)
+        for ln in lines
+    ), err[-2000:]
+    assert any("status=400" in ln and "completion_tokens" not in ln for ln in lines)
+    assert any(re.search(r"status=499 .*completion_tokens=\d+ stream=true", ln) for ln in lines)
 
 
 def test_serve_refuses_what_it_cannot_serve(tmp_path):

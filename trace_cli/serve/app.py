@@ -198,6 +198,11 @@ def create_app(engine: Engine, *, api_key: str | None = None, default_max_tokens
             "data": [{"id": engine.name, "object": "model", "created": 0, "owned_by": "trace"}],
         }
 
+    @app.get("/stats")
+    async def stats():
+        """What the decode loop is doing now (rows running, requests waiting, tokens generated so far)."""
+        return engine.stats()
+
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request):
         state = request.state
@@ -269,6 +274,7 @@ def create_app(engine: Engine, *, api_key: str | None = None, default_max_tokens
                 watch.cancel()
         if choices is None:  # the client went away; nobody reads this
             state.status = 499
+            state.completion_tokens = sum(len(j.ids) for j in jobs)
             return JSONResponse(error_body("client closed the request", "invalid_request_error"), 499)
         usage = {
             "prompt_tokens": len(prompt_ids),
@@ -310,10 +316,6 @@ async def _watch_disconnect(request: Request, jobs: list[Job]) -> None:
             for j in jobs:
                 j.cancel()
             return
-
-
-class ServerError(Exception):
-    pass
 
 
 class _Run:
@@ -373,6 +375,7 @@ class _Run:
         may be starting, nor the start of a stop string or of a `<think>` block."""
         if self.forced:
             return ""
+        text = text.rstrip("\ufffd")  # a character whose bytes are not all generated yet
         for s in self.stop:
             for k in range(min(len(s) - 1, len(text)), 0, -1):
                 if text.endswith(s[:k]):
@@ -452,6 +455,8 @@ class _Run:
             yield "data: [DONE]\n\n"
         finally:
             if len(self.done) < len(self.jobs):
-                state.status = 499  # the client went away (or the stream failed): stop generating
+                # the client went away (or the stream failed): stop generating
+                state.status = getattr(state, "status", None) or 499
+                state.completion_tokens = sum(len(j.ids) for j in self.jobs)
                 for j in self.jobs:
                     j.cancel()

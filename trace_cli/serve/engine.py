@@ -20,6 +20,7 @@ import json
 import queue
 import random
 import threading
+from collections import deque
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -239,8 +240,10 @@ class Engine:
         self._mask = None  # (B, L) 1 for real tokens of the running batch's cache
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
-        self.batches: list[int] = []  # running batch size at each decode step (tests and the benchmark)
+        self.batches: deque[int] = deque(maxlen=100_000)  # running batch size at recent decode steps
         self.max_running = 0
+        self.tokens = 0  # generated so far
+        self.steps = 0
 
     # -- the request side (event loop) ---------------------------------------------------------------
 
@@ -275,6 +278,15 @@ class Engine:
         self._inbox.put(None)  # type: ignore[arg-type]  # wake the worker
         if self._thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 10)
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "running": len(self._rows),
+            "waiting": len(self._waiting) + self._inbox.qsize(),
+            "steps": self.steps,
+            "tokens": self.tokens,
+            "max_running": self.max_running,
+        }
 
     def submit(self, job: Job) -> Job:
         assert self._thread is not None, "Engine.start() first"
@@ -433,6 +445,7 @@ class Engine:
         )
         self._cache = out.past_key_values
         self.batches.append(len(self._rows))
+        self.steps += 1
         self._advance(self._rows, out.logits[:, -1])
 
     def _advance(self, rows: list[Job], logits) -> None:
@@ -458,6 +471,7 @@ class Engine:
             elif j.temperature > 0:
                 tok = _sample(logits[r], j, torch)
             j.ids.append(tok)
+            self.tokens += 1
             if tok in eos:
                 j.finish = "stop"
             else:
