@@ -18,7 +18,7 @@ from trace_cli.envs.shop.tasks import FAMILIES
 from trace_cli.envs.synthetic import TEMPLATES
 
 SHOP_DIGEST = "7ecf49128474f94ebcd3e15d7c373a8f3f1dd41aca89026fd94f514e0d0d83e1"
-SYNTHETIC_DIGEST = "7af0d57e35eb27c451961d65f35d0fa907fa8231caf13badfedbfa3296f3fe34"
+SYNTHETIC_DIGEST = "e965d6ab5a5738e00786dfab747db90eced6c481b56ab86f00db4df4c280442c"
 
 
 def _digest(items: Iterable[Any]) -> str:

@@ -43,7 +43,11 @@ class MultiStepCompletion(SyntheticEnv):
         "single_step_fraction": Knob(float, 0.0, 1.0, doc="probability of a task with a single operation"),
         "ops": Knob(list, choices=OPS, doc="operation kinds"),
     }
+    # The two easiest levels add one easy extra operation to a single one the agent can do: a base with some
+    # ability calibrates there (one cancel more; mostly single operations).
     LEVELS = [
+        {"n_orders": 3, "min_ops": 2, "max_ops": 2, "single_step_fraction": 0.8, "ops": ["cancel"]},
+        {"n_orders": 4, "min_ops": 2, "max_ops": 2, "single_step_fraction": 0.7, "ops": list(OPS)},
         {"n_orders": 4, "min_ops": 2, "max_ops": 2, "single_step_fraction": 0.6, "ops": list(OPS)},
         {"n_orders": 4, "min_ops": 2, "max_ops": 2, "single_step_fraction": 0.45, "ops": list(OPS)},
         {"n_orders": 5, "min_ops": 2, "max_ops": 3, "single_step_fraction": 0.3, "ops": list(OPS)},
@@ -52,6 +56,7 @@ class MultiStepCompletion(SyntheticEnv):
         {"n_orders": 8, "min_ops": 3, "max_ops": 5, "single_step_fraction": 0.0, "ops": list(OPS)},
         {"n_orders": 10, "min_ops": 4, "max_ops": 5, "single_step_fraction": 0.0, "ops": list(OPS)},
     ]
+    DEFAULT_LEVEL = 4  # (level 2 before the two easiest levels were added)
     WEIGHTS = {"operations": 1.0}
 
     def _validate_knobs(self) -> None:

@@ -48,7 +48,9 @@ class StructuredDataReasoning(SyntheticEnv):
         "kinds": Knob(list, choices=KINDS, doc="how the item is described"),
         "gift_card_fraction": Knob(float, 0.0, 1.0, doc="probability that the refund goes to a gift card"),
     }
+    # The easiest level: two records to choose between, one way of describing the item.
     LEVELS = [
+        {"n_orders": 3, "n_items": 2, "kinds": ["most_expensive"], "gift_card_fraction": 0.0},
         {"n_orders": 3, "n_items": 2, "kinds": ["most_expensive", "cheapest"], "gift_card_fraction": 0.0},
         {
             "n_orders": 4,
@@ -61,6 +63,7 @@ class StructuredDataReasoning(SyntheticEnv):
         {"n_orders": 8, "n_items": 4, "kinds": list(KINDS), "gift_card_fraction": 0.4},
         {"n_orders": 10, "n_items": 5, "kinds": list(KINDS), "gift_card_fraction": 0.5},
     ]
+    DEFAULT_LEVEL = 3  # (level 2 before the easiest level was added)
     WEIGHTS = {"order": 0.2, "item": 0.2, "payment": 0.2, "communicate": 0.4}
 
     def _validate_knobs(self) -> None:
