@@ -101,8 +101,25 @@ def test_calibration_failure_raises_checkfailed_with_attempts(st):
         )
     d = e.value.details
     assert len(d["attempts"]) == 2 and all(a["mean_success"] == 0.0 for a in d["attempts"])
-    assert "attempt 1 (level 2" in e.value.message and "attempt 2 (level 1" in e.value.message
+    assert "attempt 1 (level 4" in e.value.message and "attempt 2 (level 3" in e.value.message
     assert e.value.exit_code == 1
+    # charged what ran (the sequential test may stop an attempt early), and remembered: the same config fails
+    # again at once with the same numbers, and --force runs it again
+    ran = sum(a["seeds"] * a["rollouts"] for a in d["attempts"])
+    assert d["rollouts_run"] == ran and f"({ran} rollouts)" in e.value.message
+    cfg = {
+        "diagnosis": diag,
+        "capability": "multi_step_completion",
+        "model": "policy:random",
+        "calibration": {"seeds": 5, "rollouts": 2, "max_attempts": 2},
+    }
+    with pytest.raises(CheckFailed) as again:
+        execute("synthesize", cfg, st)
+    assert again.value.details["cached"] and again.value.details["rollouts_run"] == ran
+    assert "cached failure" in again.value.message and "attempt 2 (level 3" in again.value.message
+    with pytest.raises(CheckFailed) as forced:
+        execute("synthesize", cfg, st, force=True)
+    assert "cached" not in forced.value.details
 
 
 def test_capability_must_be_selected_and_have_a_template(st):

@@ -143,8 +143,68 @@ def _complete(
                 store.set_name(main_kind, name, prepared.id)
                 store.index_add(found[next(iter(found))])
             return Outcome(found, True, prepared)
-    outputs = get_stage(stage_name).run(prepared, store, name=name, overrides=overrides or [], replace=force)
+    stage = get_stage(stage_name)
+    remember = getattr(stage, "CACHE_FAILURES", False)
+    if remember and not force:
+        cached = read_failure(store, stage_name, prepared.id)
+        if cached is not None:
+            err = CheckFailed(
+                f"{cached['message']}\n(a cached failure of this exact config and inputs, "
+                f"{cached['created_at']}; nothing was run again — --force runs it again)"
+            )
+            err.details = {**cached.get("details", {}), "cached": True}
+            raise err
+    try:
+        outputs = stage.run(prepared, store, name=name, overrides=overrides or [], replace=force)
+    except CheckFailed as e:
+        if remember:
+            write_failure(store, stage_name, prepared.id, e)
+        raise
     return Outcome(outputs, False, prepared)
+
+
+# ------------------------------------------------------------------------------------------------ failures
+# A stage whose checks failed after real compute (a calibration out of band) records the failure, keyed by its
+# id, so that the same config and inputs fail at once, with the same numbers, instead of running again.
+FAILURES = "failures"
+
+
+def _failure_path(store: Store, stage_name: str, id_: str):
+    from trace_cli.store.layout import REQUEST_CACHE_DIR
+
+    return store.root / REQUEST_CACHE_DIR / FAILURES / f"{stage_name}-{id_}.json"
+
+
+def read_failure(store: Store, stage_name: str, id_: str) -> dict[str, Any] | None:
+    import json
+
+    p = _failure_path(store, stage_name, id_)
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_failure(store: Store, stage_name: str, id_: str, err: CheckFailed) -> None:
+    import datetime
+    import json
+    import os
+
+    p = _failure_path(store, stage_name, id_)
+    doc = {
+        "stage": stage_name,
+        "id": id_,
+        "message": str(err),
+        "details": getattr(err, "details", None) or {},
+        "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(doc, default=str, indent=1))
+        tmp.replace(p)  # atomic: a reader sees the whole record or none
+    except OSError:
+        pass  # a store we cannot write to still reports the failure; it is only not remembered
 
 
 # ------------------------------------------------------------------------------------------------ fan-out

@@ -32,6 +32,7 @@ from trace_cli.store import Artifact, Store
 NAME = "synthesize"
 OUTPUTS = {"environment": "environment"}
 FAN_OUT_FAILURE = "failed their checks or calibration"
+CACHE_FAILURES = True  # a calibration out of band is remembered (stages.base): the same run fails at once
 
 
 def fans_out(config: Any) -> bool:
@@ -308,7 +309,13 @@ def _calibrate_and_write(
     attempts = [a.to_dict() for a in cal.attempts]
     if not cal.passed:
         err = CheckFailed(failure(cap, cal, cal_cfg))
-        err.details = {"capability": cap, "checks": checks, "attempts": attempts}
+        err.details = {
+            "capability": cap,
+            "checks": checks,
+            "attempts": attempts,
+            "rollouts_run": cal.rollouts_run,
+            "model": cfg["model"],
+        }
         raise err
     if cal.params != cand.params:
         checks = gate(cal.params)  # the difficulty that was admitted is the one that is checked

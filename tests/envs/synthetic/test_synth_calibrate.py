@@ -47,7 +47,7 @@ def test_group_stats_and_judge():
     )  # bimodal
 
 
-def _run(p_by_level, start_level=2, attempts=5):
+def _run(p_by_level, start_level=2, attempts=5, look=0):
     cls = get_template("precondition_verification")
     return calibrate(
         factory_for=lambda params: lambda: cls(**params),
@@ -58,6 +58,7 @@ def _run(p_by_level, start_level=2, attempts=5):
         max_attempts=attempts,
         harder=cls.harder,
         easier=cls.easier,
+        look=look,
     )
 
 
@@ -91,3 +92,31 @@ def test_back_and_forth_stops_early():
     cal = _run({lv: (0.95 if lv <= 2 else 0.05) for lv in range(7)}, attempts=5)
     assert not cal.passed and [a.params["level"] for a in cal.attempts] == [2, 3]
     assert "measured already" in cal.attempts[-1].next
+
+
+def test_sequential_test_stops_when_the_decision_is_clear_and_charges_what_ran():
+    # hopeless at every level: each attempt is clearly out of band after its first look of 4 seeds
+    cal = _run({lv: 0.0 for lv in range(7)}, start_level=1, look=4)
+    assert not cal.passed and [a.seeds for a in cal.attempts] == [4, 4]
+    assert all(a.decided == "clear after 4 seeds" for a in cal.attempts)
+    assert cal.rollouts_run == 2 * 4 * 8 and len(cal.results) == 4 * 8
+    # a borderline policy is not decided early: it runs every seed, and the point estimates decide
+    cal = _run({lv: 0.22 for lv in range(7)}, look=4)
+    assert cal.attempts[0].seeds == 24 and cal.attempts[0].decided == "all seeds"
+    # clearly in band (every seed succeeds about half the time) stops before the last seed
+    cal = _run({lv: 0.4 for lv in range(7)}, look=8)
+    assert cal.passed and cal.attempts[0].seeds in (16, 24)
+    assert cal.rollouts_run == cal.attempts[0].seeds * 8
+
+
+def test_clear_decision_intervals():
+    from trace_cli.envs.synthetic.calibrate import clear_decision
+
+    half = [_r(s, t % 2) for s in range(24) for t in range(8)]  # every group half right
+    assert clear_decision(half, Band(), 2.0) == (True, None)
+    # with 16 groups and none all-0, the all-0 share could still be above 0.2 (Agresti-Coull): not yet clear
+    assert clear_decision(half[: 16 * 8], Band(), 2.0) is None
+    none = [_r(s, 0) for s in range(4) for t in range(8)]
+    assert clear_decision(none, Band(), 2.0) == (False, "easier")
+    few = [_r(s, t % 2) for s in range(3) for t in range(8)]  # too few groups for the all-0 share to be clear
+    assert clear_decision(few, Band(), 2.0) is None
