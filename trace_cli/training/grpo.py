@@ -131,6 +131,10 @@ class GRPOSpec:
     logging_dir: str | None  # tensorboard event files (the stage resolves null to STORE/logs/train/ID)
     resume_from: str | None = None
     snapshot_steps: Sequence[int] = ()  # also save the adapter after these steps: output_dir/snapshots/step-N
+    # pre-generated on-policy episodes (calibration's, by the same base and sampler), served instead of new
+    # rollouts while whole groups are left: dicts with prompt_ids, completion_ids, env_mask, reward, success,
+    # n_actions, termination; consecutive runs of num_generations share a seed (one group)
+    replay: Sequence[Mapping[str, Any]] = ()
     log: Callable[[dict[str, Any]], None] | None = None
     keep_model: bool = False  # return the trained PeftModel (tests inspect its parameters)
 
@@ -152,6 +156,8 @@ class GRPOResult:
     resumed_from_step: int | None
     model: Any = None
     train_cpu_s: float = 0.0  # process CPU time of trainer.train() (robust to other load on the machine)
+    replayed_steps: int = 0  # rollout calls served from spec.replay (no new episodes generated)
+    replayed_episodes: int = 0
 
 
 # ---------------------------------------------------------------------------------------------- trainer
@@ -211,9 +217,34 @@ def make_rollout_func(spec: GRPOSpec, tokenizer, max_context: int, state: dict[s
     from trace_cli.agents.token_history import TokenPolicy
     from trace_cli.envs.rollout import rollout
 
+    replay = list(spec.replay)
+
+    def replayed(n: int) -> dict[str, list] | None:
+        """The next n pre-generated episodes (whole groups), in rollout_func's format; None when too few are left."""
+        start = state.setdefault("replayed", 0)
+        if n % spec.num_generations or start + n > len(replay):
+            return None
+        eps = replay[start : start + n]
+        state["replayed"] = start + n
+        state["replayed_steps"] = state.get("replayed_steps", 0) + 1
+        return {
+            "prompt_ids": [list(e["prompt_ids"]) for e in eps],
+            "completion_ids": [list(e["completion_ids"]) for e in eps],
+            "env_mask": [list(e["env_mask"]) for e in eps],
+            "logprobs": None,
+            "env_reward": [float(e["reward"]) for e in eps],
+            "env_success": [float(e["success"]) for e in eps],
+            "env_turns": [float(e["n_actions"]) for e in eps],
+            "env_max_length": [float(e["termination"] == "max_length") for e in eps],
+        }
+
     def rollout_func(prompts: list, trainer) -> dict[str, list]:
         from trl.models.utils import unwrap_model_for_generation
 
+        if replay and not spec.use_vllm:
+            served = replayed(len(prompts))
+            if served is not None:
+                return served
         seeds = [parse_seed(p) for p in prompts]
         rank = trainer.accelerator.process_index
         run_seed = (
@@ -448,4 +479,6 @@ def train_grpo(spec: GRPOSpec) -> GRPOResult:
         checkpoint_step(spec.resume_from) if spec.resume_from else None,
         kept,
         cpu_s,
+        stats.get("replayed_steps", 0),
+        stats.get("replayed", 0),
     )
