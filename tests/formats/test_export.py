@@ -94,6 +94,40 @@ def test_tau2_file_round_trip(domain, tau2_dir, tmp_path):
         assert e["domain"] == original["info"]["environment_info"]["domain_name"]
 
 
+def test_every_vendored_tau2_file_comes_back_as_it_was(tau2_dir, tmp_path):
+    """ingest -> export of each τ²-bench results file in examples/tau2/ gives the same JSON document (every
+    key and value: tasks with their initial_state and user_tools, info with max_steps, seed and the user
+    LLM, action ids, reward_info details, per-message cost, usage, timestamps and raw_data)."""
+    files = sorted(tau2_dir.glob("results_*.json"))
+    assert len(files) >= 3
+    store = tmp_path / "store"
+    for i, path in enumerate(files):
+        _ingest(store, "tau2", path, f"v{i}")
+        out = tmp_path / f"v{i}.json"
+        _ok("export", "tau2", f"v{i}", "--out", out, "--store", store)
+        original, doc = json.loads(path.read_text()), json.loads(out.read_text())
+        assert doc["tasks"] == original["tasks"], path.name
+        assert doc["info"] == original["info"], path.name
+        for a, b in zip(doc["simulations"], original["simulations"], strict=True):
+            assert a == b, (path.name, a["id"])
+        assert doc == original, path.name
+
+
+def test_runs_tau2_excludes_come_back_in_place(tau2_dir, tmp_path):
+    """Runs τ²-bench leaves out of its metrics are not episodes, yet the exported file has them, in place."""
+    original = json.loads((tau2_dir / TAU2_FILES["telecom"]).read_text())
+    original["simulations"][3]["termination_reason"] = "infrastructure_error"
+    original["simulations"][7]["reward_info"] = None
+    path = tmp_path / "with_excluded.json"
+    path.write_text(json.dumps(original))
+    store = tmp_path / "store"
+    art = _ingest(store, "tau2", path, "x")
+    assert art.summary["episodes"] == len(original["simulations"]) - 2
+    out = tmp_path / "x.json"
+    _ok("export", "tau2", "x", "--out", out, "--store", store)
+    assert json.loads(out.read_text()) == original
+
+
 def test_shop_eval_round_trip_tau2(tmp_path):
     """An eval of the shop world (tool errors included) -> τ²-bench JSON -> ingest keeps episodes and calls."""
     store = tmp_path / "store"

@@ -6,9 +6,9 @@ import json
 import os
 import re
 import signal
-import threading
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request

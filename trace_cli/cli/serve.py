@@ -30,8 +30,8 @@ def tau2_command(name: str, host: str, port: int, api_key: str | None) -> str:
     key = "OPENAI_API_KEY=$TRACE_SERVE_API_KEY " if api_key else "OPENAI_API_KEY=none "
     return (
         f"{key}tau2 run --domain retail --agent-llm openai/{name} --agent-llm-args '{json.dumps(args)}' "
-        "--user-llm openai/USER --user-llm-args '{\"api_base\": \"http://127.0.0.1:PORT2/v1\", "
-        "\"temperature\": 0.0}'  (USER: a second trace serve)"
+        '--user-llm openai/USER --user-llm-args \'{"api_base": "http://127.0.0.1:PORT2/v1", '
+        '"temperature": 0.0}\'  (USER: a second trace serve)'
     )
 
 

@@ -6,6 +6,11 @@ Follows τ²-bench's pydantic models (src/tau2/data_model/simulation.py, message
 (`info.environment_info.policy`, or the run's own `policy` when runs differ), as ingest reads it back.
 What τ²-bench has no field for (our termination reasons, env, task family, reward components) goes to the
 run's `info.trace`, which ingest ignores; termination reasons outside τ²-bench's enum are mapped to it.
+
+Episodes ingested from τ²-bench keep what they came from (`info.tau2`, written by `formats.tau2_read`): each
+run's own fields and, per message, what differs from the message this module writes (`patch`); the file's
+`info`, `tasks` and top-level fields ride on its first run, with the runs τ²-bench excludes from its metrics.
+Export writes them back as they were, so ingest -> export of a τ²-bench file gives the same JSON document.
 """
 
 from __future__ import annotations
@@ -33,6 +38,42 @@ TERMINATIONS = frozenset(
 _TERMINATION_MAP = {"max_turns": "max_steps"}  # else: an agent-side ending (transfer, env_done, ...)
 _RUN_FIELDS = ("agent_cost", "user_cost", "agent_usage", "timestamp", "mode")
 _REWARD_FIELDS = ("db_check", "reward_basis", "reward_breakdown")
+ORIGINAL = "tau2"  # the key of an ingested episode's τ²-bench original in its `info`
+
+
+def patch(orig: dict[str, Any], made: dict[str, Any]) -> dict[str, Any]:
+    """What turns `made` into `orig` (both objects): the keys in `orig`'s order, the values that differ."""
+    out: dict[str, Any] = {"keys": list(orig)}
+    changed = {k: v for k, v in orig.items() if k not in made or made[k] != v}
+    if changed:
+        out["set"] = changed
+    return out
+
+
+def apply(made: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
+    """`patch`'s inverse: `made` with the original's keys, order and values."""
+    changed = p.get("set") or {}
+    return {k: changed[k] if k in changed else made.get(k) for k in p["keys"]}
+
+
+def original_messages(stored: list[dict[str, Any]], kept: dict[str, Any]) -> list[dict[str, Any]]:
+    """A run's τ²-bench messages from its stored messages and what ingest kept of them (`keep_messages`)."""
+    if "full" in kept:
+        return kept["full"]
+    _, made, _ = messages(stored)
+    return [apply(m, p) for m, p in zip(made, kept["patches"], strict=True)]
+
+
+def keep_messages(stored: list[dict[str, Any]], raw: list[Any]) -> dict[str, Any]:
+    """What export needs to write a run's messages `raw` back from `stored` (its messages as ingested): per
+    message the fields this module does not write the same; the whole list when they do not line up."""
+    try:
+        _, made, _ = messages(stored)
+    except Exception:  # noqa: BLE001 - anything unusual is kept whole
+        return {"full": raw}
+    if len(made) != len(raw) or not all(isinstance(m, dict) for m in raw):
+        return {"full": raw}
+    return {"patches": [patch(r, m) for r, m in zip(raw, made, strict=True)]}
 
 
 def termination(reason: str | None) -> str:
@@ -225,6 +266,18 @@ def results(
             }
         }
         sims.append(sim)
+    originals = [(e.get("info") or {}).get(ORIGINAL) for e in scored]
+    if scored and all(isinstance(o, dict) for o in originals):
+        # every run came from τ²-bench: the runs as they were, in their order
+        sims = [_restored(e, o) for e, o in zip(scored, originals, strict=True)]
+        docs = [o["document"] for o in originals if "document" in o]
+        if len(docs) == 1 and len({o.get("doc") for o in originals}) == 1:
+            return _document(docs[0], sims, originals), {
+                "simulations": len(sims),
+                "tasks": len(docs[0]["fields"].get("tasks") or []),
+                "skipped": len(episodes) - len(scored),
+                "lossy_arguments": 0,
+            }
     trials = [e.get("trial") for e in scored if e.get("trial") is not None]
     agent_llm = next((e["info"]["agent_llm"] for e in scored if (e.get("info") or {}).get("agent_llm")), None)
     doc = {
@@ -248,3 +301,23 @@ def results(
         "skipped": len(episodes) - len(scored),
         "lossy_arguments": lossy,
     }
+
+
+def _restored(e: dict[str, Any], o: dict[str, Any]) -> dict[str, Any]:
+    """An ingested run as τ²-bench wrote it."""
+    sim = dict(o["sim"])
+    if "messages" in o:
+        sim["messages"] = original_messages(e.get("messages") or [], o["messages"])
+    return sim
+
+
+def _document(
+    doc: dict[str, Any], sims: list[dict[str, Any]], originals: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The τ²-bench file the runs were ingested from: its top-level fields, with the runs (those τ²-bench
+    excludes from its metrics among them) in the file's order."""
+    order = [(o["index"], s) for o, s in zip(originals, sims, strict=True)]
+    order += [(i, raw) for i, raw in doc.get("excluded") or []]
+    out = dict(doc["fields"])
+    out["simulations"] = [s for _, s in sorted(order, key=lambda t: t[0])]
+    return out

@@ -4,8 +4,10 @@ The inverse of `formats.tau2` (export). Every problem names the run and the fiel
 its metrics (infrastructure errors, no reward) are excluded (`RecordError.excluded`), not failed. Trials are
 numbered per task when τ²-bench leaves them null; a missing task id is taken from the run's task, the file's
 simulation_index or its only task, else derived from the first user message. The policy becomes the system
-message, reasoning stays on its message, costs and timestamps go to `info`. Parsing is orjson's with `json`
-as the exact fallback (see `formats.codec`).
+message, reasoning stays on its message, costs and timestamps go to `info`. What τ²-bench wrote is kept in
+`info.tau2` (each run's fields, per message what export would not write the same, and on the first run the
+file's `info`, `tasks`, top-level fields and excluded runs), so `trace export tau2` writes the file back as it
+was. Parsing is orjson's with `json` as the exact fallback (see `formats.codec`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from trace_cli.formats.codec import (
     json_document,
     type_name,
 )
+from trace_cli.formats.tau2 import ORIGINAL, keep_messages
 from trace_cli.progress import track
 from trace_cli.store.metrics import is_success, reward_problem
 from trace_cli.store.rollouts import tool_call_tuples
@@ -283,6 +286,10 @@ def records(doc: Any, path: Path, source: str, *, fast: bool) -> Parsed:
     seen: dict[str, int] = {}
     trials_seen: set[tuple[str, int]] = set()
     env_policy = env_info.get("policy") if isinstance(env_info.get("policy"), str) else None
+    doc_id = hashlib.sha256(
+        f"{source}\0{len(sims)}\0{[x.get('id') for x in sims[:3] if isinstance(x, dict)]}".encode()
+    ).hexdigest()[:16]
+    excluded: list[list[Any]] = []  # [index, run] of the runs τ²-bench leaves out of its metrics
     by_index = {
         e["id"]: e
         for e in doc.get("simulation_index") or []
@@ -355,6 +362,7 @@ def records(doc: Any, path: Path, source: str, *, fast: bool) -> Parsed:
             if fast:
                 check_raw(s)
             bad.append(RecordError(where, [reason], s, excluded=True))
+            excluded.append([idx, s])
             continue
         if trial is None:  # τ²-bench allows it (grouping is by task only): number the task's runs in order
             trial = next(t for t in range(len(sims) + 1) if (str(task_id), t) not in trials_seen)
@@ -389,6 +397,14 @@ def records(doc: Any, path: Path, source: str, *, fast: bool) -> Parsed:
         }
         if derived_task:
             extra["task_id_derived"] = True
+        original: dict[str, Any] = {
+            "doc": doc_id,
+            "index": idx,
+            "sim": {k: (None if k == "messages" else v) for k, v in s.items()},
+        }
+        if "messages" in s:
+            original["messages"] = keep_messages(msgs, raw_msgs) if raw_msgs else {"full": raw_msgs}
+        extra[ORIGINAL] = original
         ep = {
             "episode_id": sid,
             "source": source,
@@ -405,7 +421,7 @@ def records(doc: Any, path: Path, source: str, *, fast: bool) -> Parsed:
             "messages": enc(msgs),
             "tools": tools_json,
             "reference_actions": ref_json,
-            "info": enc(extra),
+            "info": extra,  # encoded below, once the file's first run carries the document
         }
         rows = tool_call_tuples(sid, msgs, dumps=dumps)
         ep["n_tool_calls"] = len(rows)
@@ -414,4 +430,9 @@ def records(doc: Any, path: Path, source: str, *, fast: bool) -> Parsed:
         )
         seen[sid] = idx
         good.append((ep, rows))
+    if good:
+        fields = {k: (None if k == "simulations" else v) for k, v in doc.items()}
+        good[0][0]["info"][ORIGINAL]["document"] = {"fields": fields, "excluded": excluded}
+    for ep, _ in good:
+        ep["info"] = enc(ep["info"])
     return good, bad

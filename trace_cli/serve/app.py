@@ -25,8 +25,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from trace_cli.models.toolcalls import PYTHON_TAG
 from trace_cli.models.chat import strip_text
+from trace_cli.models.toolcalls import PYTHON_TAG
 from trace_cli.serve.engine import Engine, Job, RequestError, to_completion, to_internal
 
 MAX_N = 16
@@ -79,7 +79,6 @@ def _err(status: int, message: str, param: str | None = None, code: str | None =
         status, "invalid_request_error" if status < 500 else "server_error"
     )
     return JSONResponse(error_body(message, kind, param, code), status_code=status)
-
 
 
 def _tools_for(req: ChatRequest) -> tuple[list[dict[str, Any]] | None, bool, list[str] | None]:
@@ -442,7 +441,11 @@ class _Run:
             n_prompt = len(self.jobs[0].prompt_ids)
             n_comp = sum(c.completion_tokens for c in self.done.values())
             state.completion_tokens = n_comp
-            usage = {"prompt_tokens": n_prompt, "completion_tokens": n_comp, "total_tokens": n_prompt + n_comp}
+            usage = {
+                "prompt_tokens": n_prompt,
+                "completion_tokens": n_comp,
+                "total_tokens": n_prompt + n_comp,
+            }
             final = {
                 "id": rid,
                 "object": "chat.completion.chunk",

@@ -20,10 +20,11 @@ import json
 import queue
 import random
 import threading
-from collections import deque
 import uuid
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from trace_cli.models.chat import TOOL_CALL_RE, cut_at_end, parse_assistant, render, strip_text
 
@@ -95,7 +96,11 @@ def call_prefix(fmt: str, name: str, template: str | None = None) -> str:
     if fmt == "llama3-json":
         return f'{{"name": "{name}"'
     if fmt == "mistral":
-        return f"[TOOL_CALLS]{name}[ARGS]" if "[ARGS]" in (template or "") else f'[TOOL_CALLS][{{"name": "{name}"'
+        return (
+            f"[TOOL_CALLS]{name}[ARGS]"
+            if "[ARGS]" in (template or "")
+            else f'[TOOL_CALLS][{{"name": "{name}"'
+        )
     if fmt == "pythonic":
         return f"[{name}("
     raise ValueError(f"unknown tool-call format {fmt!r}")
@@ -116,7 +121,9 @@ def _call(name: str, arguments: Any) -> dict[str, Any]:
         "type": "function",
         "function": {
             "name": name,
-            "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False),
+            "arguments": arguments
+            if isinstance(arguments, str)
+            else json.dumps(arguments, ensure_ascii=False),
         },
     }
 
@@ -193,7 +200,8 @@ class Job:
 
     prompt_ids: list[int]
     max_tokens: int
-    emit: Callable[[tuple], None]  # thread-safe: ("start", route) | ("text", text, n) | ("done", ...) | ("error", e)
+    # thread-safe: ("start", route) | ("text", text, n) | ("done", text, ids, finish) | ("error", exc)
+    emit: Callable[[tuple], None]
     temperature: float = 0.0
     top_p: float = 1.0
     stop: list[str] = field(default_factory=list)
@@ -264,7 +272,9 @@ class Engine:
             k = 0
             while k < min(len(full), len(prompt_ids)) and full[k] == prompt_ids[k]:
                 k += 1
-            seq = full[k:] if k == len(prompt_ids) else self.encode(call_prefix(self.tool_format, n, template))
+            seq = (
+                full[k:] if k == len(prompt_ids) else self.encode(call_prefix(self.tool_format, n, template))
+            )
             out.append(seq)
         return out
 
@@ -487,8 +497,10 @@ class Engine:
         done = [j for j in rows if j.finish is not None]
         if done:
             for j in done:
-                text = j.text if j.finish != "stop" or j.ids[-1] not in eos else self.tok.decode(
-                    j.ids, skip_special_tokens=False
+                text = (
+                    j.text
+                    if j.finish != "stop" or j.ids[-1] not in eos
+                    else self.tok.decode(j.ids, skip_special_tokens=False)
                 )
                 j.emit(("done", text, list(j.ids), j.finish))
             gone = {id(j) for j in done}
@@ -536,7 +548,9 @@ def _join(cache, mask, new_cache, new_mask):
     width = max(a, b)
     mask = torch.cat([F.pad(mask, (width - a, 0)), F.pad(new_mask, (width - b, 0))], 0)
     for old, new in zip(cache.layers, new_cache.layers, strict=True):
-        old.keys = torch.cat([F.pad(old.keys, (0, 0, width - a, 0)), F.pad(new.keys, (0, 0, width - b, 0))], 0)
+        old.keys = torch.cat(
+            [F.pad(old.keys, (0, 0, width - a, 0)), F.pad(new.keys, (0, 0, width - b, 0))], 0
+        )
         old.values = torch.cat(
             [F.pad(old.values, (0, 0, width - a, 0)), F.pad(new.values, (0, 0, width - b, 0))], 0
         )
