@@ -99,6 +99,13 @@ def make_files(w: Path, model_hf: Path) -> None:
     (w / "r_list.yaml").write_text("- just\n- a list\n")
     (w / "ingest_cfg_typo.yaml").write_text("kind: ingest\nformat: jsonl\npaht: good.jsonl\n")
     (w / "out_exists.json").write_text("{}")
+    # issue 25 item 9: JSON Lines where a τ²-bench file or a recipe belongs; a plain (alias-free) 5 MB recipe
+    (w / "episodes_as.json").write_text((w / "good.jsonl").read_text())
+    (w / "episodes_as.yaml").write_text((w / "good.jsonl").read_text())
+    with open(w / "r_big.yaml", "w") as fh:
+        fh.write(RECIPE_HEAD)
+        for i in range(60_000):
+            fh.write(f"  - id: s{i}\n    uses: ingest\n    with: {{format: jsonl, path: good.jsonl}}\n")
 
 
 def _c(group, args, needles, code=2):
@@ -112,7 +119,14 @@ CASES: dict[str, tuple[str, list[str], list[str], int]] = {
     "tau2_symlink_loop": _c("ingest tau2", ["ingest", "tau2", "{W}/loop1"], ["{W}/loop1", *LOOP]),
     "tau2_dangling_link": _c("ingest tau2", ["ingest", "tau2", "{W}/dangling"], ["dangling symbolic link"]),
     "tau2_jsonl_given": _c(
-        "ingest tau2", ["ingest", "tau2", "{W}/good.jsonl"], ["not valid JSON (Extra data)"]
+        "ingest tau2",
+        ["ingest", "tau2", "{W}/good.jsonl"],
+        ["{W}/good.jsonl: looks like JSON Lines", "trace ingest jsonl {W}/good.jsonl"],
+    ),
+    "tau2_jsonl_named_json": _c(
+        "ingest tau2",
+        ["ingest", "tau2", "{W}/episodes_as.json"],
+        ["looks like JSON Lines", "trace ingest jsonl {W}/episodes_as.json"],
     ),
     "tau2_empty": _c("ingest tau2", ["ingest", "tau2", "{W}/empty.json"], ["the file is empty"]),
     "tau2_missing": _c("ingest tau2", ["ingest", "tau2", "{W}/nope.json"], ["nope.json: no such file"]),
@@ -193,7 +207,9 @@ CASES: dict[str, tuple[str, list[str], list[str], int]] = {
     ),
     "eval_unknown_env": _c("eval", ["eval", "--model", "policy:reference", "--env", "shopp"], ["shopp"]),
     "eval_unknown_policy": _c(
-        "eval", ["eval", "--model", "policy:nope", "--env", "shop"], ["unknown built-in"]
+        "eval",
+        ["eval", "--model", "policy:nope", "--env", "shop"],
+        ["unknown built-in", "policy:reference, policy:random, policy:demonstration?deficits="],
     ),
     "eval_missing_artifact": _c("eval", ["eval", "--model", "store://model/nope", "--env", "shop"], ["nope"]),
     # ----------------------------------------------------------------------------------- train
@@ -339,6 +355,20 @@ CASES: dict[str, tuple[str, list[str], list[str], int]] = {
     "run_eval_seeds_beyond_int64": _c("run", ["run", "{W}/r_eval_seeds.yaml"], ["2**63-1"]),
     "run_symlink_loop": _c("run", ["run", "{W}/loop1"], LOOP),
     "run_not_a_mapping": _c("run", ["run", "{W}/r_list.yaml"], ["r_list.yaml"]),
+    "run_jsonl_given": _c(
+        "run", ["run", "{W}/good.jsonl"], ["good.jsonl: a JSON Lines data file", "trace ingest jsonl"]
+    ),
+    "run_jsonl_named_yaml": _c(
+        "run", ["run", "{W}/episodes_as.yaml"], ["episodes_as.yaml:2:1: invalid YAML", "trace ingest jsonl"]
+    ),
+    "run_plain_big_recipe": _c(
+        "run",
+        ["run", "{W}/r_big.yaml"],
+        ["r_big.yaml:", "bytes; config and recipe files are limited to 4 MiB"],
+    ),
+    "validate_plain_big_recipe": _c(
+        "validate", ["validate", "{W}/r_big.yaml"], ["config and recipe files are limited to 4 MiB"]
+    ),
     "status_fifo": _c("status", ["status", "{W}/fifo"], NOT_FILE),
     "status_deep_yaml": _c("status", ["status", "{W}/deep.yaml"], ["nested deeper than 100 levels"]),
     "status_missing": _c("status", ["status", "{W}/nope.yaml"], ["nope.yaml: no such file"]),
@@ -354,6 +384,10 @@ CASES: dict[str, tuple[str, list[str], list[str], int]] = {
     "sql_read_outside": _c("store sql", ["store", "sql", "SELECT * FROM read_text('/etc/passwd')"], []),
     "sql_empty": _c("store sql", ["store", "sql", "  "], ["empty SQL query"]),
     "sql_syntax": _c("store sql", ["store", "sql", "SELEC 1"], ["SELEC"]),
+    "sql_update_extensions": _c("store sql", ["store", "sql", "UPDATE EXTENSIONS"], ["refused SQL"]),
+    "sql_explain_copy_with_options": _c(
+        "store sql", ["store", "sql", "EXPLAIN (FORMAT json) COPY episodes TO '{W}/x.parquet'"], ["COPY"]
+    ),
     "ls_bad_kind": _c("store ls", ["store", "ls", "--kind", "rollout"], ["'rollout' is not one of"]),
     "show_missing": _c("store ls", ["store", "show", "nope"], ["nope"]),
     "verify_missing_store": _c(

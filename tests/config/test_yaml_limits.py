@@ -151,3 +151,36 @@ def test_recipe_validation_is_linear_in_steps(tmp_path):
     assert times[6000] / times[1500] < 9, times
     r = run_trace("validate", tmp_path / "r6000.yaml", timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_a_large_plain_document_is_not_called_an_alias_bomb(monkeypatch):
+    """Issue 25 item 9: a big alias-free document was refused as "an alias bomb?"; only aliases that
+    multiply the document get that name."""
+    monkeypatch.setattr(safe_yaml, "MAX_NODES", 1000)
+    plain = "steps:\n" + "".join(f"  - {{id: s{i}, uses: ingest}}\n" for i in range(400))
+    with pytest.raises(safe_yaml.YAMLLimitError) as e:
+        safe_yaml.load(plain)
+    assert "holds more than 1,000 values" in str(e.value) and "alias" not in str(e.value)
+    with pytest.raises(safe_yaml.YAMLLimitError, match="through aliases .an alias bomb"):
+        safe_yaml.load(BOMB)
+    assert len(safe_yaml.load("steps:\n" + "".join(f"  - s{i}\n" for i in range(900)))["steps"]) == 900
+
+
+def test_a_recipe_over_the_document_limit_is_refused_from_its_size(tmp_path, monkeypatch):
+    """A plain recipe over MAX_DOCUMENT_BYTES is refused from its size (no parse), naming the limit."""
+    f = tmp_path / "big.yaml"
+    step = "  - id: s{}\n    uses: ingest\n    with: {{format: jsonl, path: e.jsonl}}\n"
+    with open(f, "w") as fh:
+        fh.write("kind: recipe\nsteps:\n")
+        i = 0
+        while fh.tell() <= safe_yaml.MAX_DOCUMENT_BYTES:
+            fh.write(step.format(i))
+            i += 1
+
+    def parse(_text):  # parsing it would take seconds: the size alone must decide
+        raise AssertionError("the oversized recipe was parsed")
+
+    monkeypatch.setattr(safe_yaml, "load", parse)
+    with pytest.raises(InputError, match="config and recipe files are limited to 4 MiB") as e:
+        load_document(f)
+    assert "alias" not in str(e.value)

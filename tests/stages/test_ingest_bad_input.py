@@ -277,7 +277,9 @@ def test_missing_file_and_directory(fmt, populated, tmp_path):
 
 def test_jsonl_fed_to_tau2_and_binary_jsonl(populated, tmp_path):
     f = write_jsonl(tmp_path / "eps.jsonl", [episode("e1"), episode("e2")])
-    _assert_rejected(populated, ["ingest", "tau2", f], ["eps.jsonl:2:1: not valid JSON (Extra data)"])
+    _assert_rejected(
+        populated, ["ingest", "tau2", f], ["eps.jsonl: looks like JSON Lines", "trace ingest jsonl"]
+    )
     b = tmp_path / "bin.jsonl"
     b.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
     _assert_rejected(populated, ["ingest", "jsonl", b], ["not a UTF-8 text file"])

@@ -67,10 +67,16 @@ def load_document(path: str | Path) -> Any:
     """Load one YAML or JSON file; syntax errors name the file, line and column."""
     p = Path(path)
     size = check_input_file(p, expected="a YAML or JSON file").st_size
-    if size > safe_yaml.MAX_BYTES:
+    if p.suffix.lower() in _DATA_SUFFIXES:
+        raise InputError(
+            f"{p}: a JSON Lines data file, not a YAML or JSON config or recipe", hint=_JSONL_HINT
+        )
+    if size > safe_yaml.MAX_DOCUMENT_BYTES:
         raise InputError(
             f"{p}: {size:,} bytes; config and recipe files are limited to "
-            f"{safe_yaml.MAX_BYTES // (1024 * 1024)} MiB"
+            f"{safe_yaml.MAX_DOCUMENT_BYTES // (1024 * 1024)} MiB",
+            hint="keep data such as episodes and tasks in their own files, named by path in the recipe: "
+            "`with: {format: jsonl, path: episodes.jsonl}`",
         )
     try:
         text = p.read_text(encoding="utf-8")
@@ -92,7 +98,30 @@ def load_document(path: str | Path) -> Any:
         mark = getattr(e, "problem_mark", None)
         where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else str(p)
         problem = getattr(e, "problem", None) or str(e)
-        raise InputError(f"{where}: invalid YAML: {problem}") from e
+        raise InputError(
+            f"{where}: invalid YAML: {problem}", hint=_JSONL_HINT if looks_like_jsonl(text) else ""
+        ) from e
+
+
+_DATA_SUFFIXES = (".jsonl", ".ndjson")
+_JSONL_HINT = (
+    "JSON Lines episodes, one JSON object per line, are data: ingest them with `trace ingest jsonl FILE` "
+    "or name the file in a recipe's ingest step; `trace run` and `trace validate` take a YAML recipe"
+)
+
+
+def looks_like_jsonl(text: str) -> bool:
+    """True when the first two non-empty lines are each a JSON object (what a JSONL file holds)."""
+    lines = [ln for ln in text.split("\n", 64)[:64] if ln.strip()][:2]
+    if len(lines) < 2:
+        return False
+    for ln in lines:
+        try:
+            if not isinstance(json.loads(ln), dict):
+                return False
+        except ValueError:
+            return False
+    return True
 
 
 _SEGMENT = re.compile(r"([^.\[\]]+)|\[(\d+)\]")

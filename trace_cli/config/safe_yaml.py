@@ -10,7 +10,10 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode
 
-MAX_BYTES = 64 * 1024 * 1024  # configs, recipes and manifests are far smaller
+MAX_BYTES = 64 * 1024 * 1024  # manifests and artifact YAML are far smaller
+# configs, recipes and candidates files (config.loading.load_document): a 6,000-step recipe is ~0.6 MB, and
+# a larger file is refused from its size alone, before seconds of parsing
+MAX_DOCUMENT_BYTES = 4 * 1024 * 1024
 MAX_DEPTH = 100  # nesting of mappings/sequences
 MAX_NODES = 1_000_000  # values with every alias expanded (a 6,000-step recipe has ~100,000)
 
@@ -102,9 +105,17 @@ def _check_shape(root: Node | None) -> None:
         on_path.discard(nid)
         total = 1 + sum(size[id(k)] for k in kids)
         if total > MAX_NODES:
+            # every node below this one is sized by now: when they are (nearly) as many as the expanded
+            # count, the document is just large; far fewer means aliases multiply it
+            if len(size) + 1 >= MAX_NODES:
+                raise YAMLLimitError(
+                    f"the document holds more than {MAX_NODES:,} values; configs and recipes are far smaller "
+                    "(keep data in files that the recipe names by path)",
+                    node.start_mark,
+                )
             raise YAMLLimitError(
-                f"the document expands to more than {MAX_NODES:,} values through aliases or size "
-                "(an alias bomb?); YAML anchors/aliases must not multiply the document",
+                f"the document expands to more than {MAX_NODES:,} values through aliases (an alias bomb?); "
+                "YAML anchors/aliases must not multiply the document",
                 node.start_mark,
             )
         size[nid] = total

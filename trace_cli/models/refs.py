@@ -18,6 +18,8 @@ from trace_cli.errors import NotFoundError, UsageError
 from trace_cli.store import Store
 
 BUILTIN_POLICIES = ("policy:reference", "policy:random")  # + policy:demonstration?deficits=a,b&rate=0.9
+# what an "unknown policy" message lists: every built-in, the parameterised one with its form
+KNOWN_POLICIES = (*BUILTIN_POLICIES, "policy:demonstration?deficits=a,b&rate=0.9")
 
 
 def demonstration_params(ref: str) -> tuple[set[str], float]:
@@ -26,7 +28,7 @@ def demonstration_params(ref: str) -> tuple[set[str], float]:
 
     base, _, query = ref.partition("?")
     if base != "policy:demonstration":
-        raise UsageError(f"unknown built-in policy {ref!r}")
+        raise UsageError(f"unknown built-in policy {ref!r}; expected one of {', '.join(KNOWN_POLICIES)}")
     params = dict(parse_qsl(query))
     unknown = set(params) - {"deficits", "rate"}
     if unknown:
@@ -143,7 +145,7 @@ def resolve_model(ref: str, store: Store | None = None) -> ModelRef:
     if ref in BUILTIN_POLICIES:
         return ModelRef("builtin", ref, hashlib.sha256(ref.encode()).hexdigest())
     if ref.startswith("policy:"):
-        raise UsageError(f"unknown built-in policy {ref!r}; expected one of {', '.join(BUILTIN_POLICIES)}")
+        raise UsageError(f"unknown built-in policy {ref!r}; expected one of {', '.join(KNOWN_POLICIES)}")
     p = Path(ref)
     if p.exists():
         if not p.is_dir():

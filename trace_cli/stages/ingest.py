@@ -74,6 +74,22 @@ def _episodes_table(eps: list[dict[str, Any]]) -> pa.Table:
     return pa.Table.from_pydict(cols, schema=EPISODES_SCHEMA)
 
 
+def _is_jsonl(path: Path) -> bool:
+    """Whether a file given as τ²-bench results is JSON Lines instead (read from its first 64 KiB)."""
+    from trace_cli.config.loading import looks_like_jsonl
+
+    if path.is_dir():
+        return False
+    if path.suffix.lower() in (".jsonl", ".ndjson"):
+        return True
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64 * 1024).decode("utf-8", "replace")
+    except OSError:
+        return False
+    return looks_like_jsonl(head)
+
+
 def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=False) -> dict[str, Artifact]:
     # Parsing builds millions of small containers, none in a reference cycle: with the cyclic collector on,
     # CPython re-walks the ever-growing heap again and again (most of the CPU time of a big ingest).
@@ -94,6 +110,14 @@ def _run(prepared: Prepared, store: Store, *, name, overrides, replace) -> dict[
         good, rejected = parse(path, cfg["source"])
     except RecursionError as e:  # a value nested deeper than the parsers/validator can recurse
         raise InputError(f"{path}: {TOO_DEEP}", hint=TOO_DEEP_FIX) from e
+    except InputError as e:
+        if cfg["format"] == "tau2" and _is_jsonl(path):
+            raise InputError(
+                f"{path}: looks like JSON Lines (one JSON object per line), not a τ²-bench results file "
+                "(one JSON object with `info`, `tasks` and `simulations`)",
+                hint=f"ingest it with `trace ingest jsonl {path}`, or `format: jsonl` in a recipe",
+            ) from e
+        raise
     excluded = [b for b in rejected if b.excluded]
     bad = [b for b in rejected if not b.excluded]
     if bad and cfg["on_error"] == "fail":
