@@ -683,3 +683,63 @@ def test_tools_needed_offers_only_the_templates_tools(st, in_band):
     assert [t["function"]["name"] for t in obs.tools] == names[needed.id]
     with pytest.raises(UsageError, match="needs author: template"):
         execute("synthesize", {**cfg, "tools": "needed", "author": "hf", "llm": {"model": "x"}}, st)
+
+
+def test_calibration_rollouts_are_reused_as_the_first_grpo_steps(st):
+    """A model calibrates with GRPO's own sampler; the admitted attempt's episodes are kept as token sequences and
+    `train --set reuse_calibration=N` takes them as its first steps instead of generating new rollouts."""
+    import pyarrow.parquet as pq
+
+    from trace_cli.envs.artifact import read_calibration_rollouts
+
+    execute("model", {"preset": "tiny", "corpus_seeds": 20}, st, name="tiny")
+    diag = make_diagnosis(st, selected=["precondition_verification"])
+    sampling = {"max_turns": 4}
+    cal = {"seeds": 4, "rollouts": 4, "max_attempts": 1, "max_new_tokens": 12, "max_completion_length": 96}
+    cal.update(band=[0.0, 1.0], max_group_all0=1.0, max_group_all1=1.0, look=0)  # an untrained model: in band
+    env = execute(
+        "synthesize",
+        {
+            "diagnosis": diag,
+            "capability": "precondition_verification",
+            "model": "store://model/tiny",
+            **sampling,
+            "calibration": cal,
+        },
+        st,
+        name="env-tok",
+    ).main
+    meta = env.summary["calibration_rollouts"]
+    assert meta["episodes"] == 16 and meta["seeds"] == 4 and meta["max_new_tokens"] == 12
+    eps = read_calibration_rollouts(env)
+    assert [e["seed"] for e in eps] == sorted(e["seed"] for e in eps) and len(eps) == 16
+    assert all(len(e["completion_ids"]) == len(e["env_mask"]) and sum(e["env_mask"]) > 0 for e in eps)
+    assert pq.read_table(env.path / "calibration_rollouts.parquet").num_rows == 16
+    grpo = {
+        "method": "grpo",
+        "env": "store://environment/env-tok",
+        "model": "store://model/tiny",
+        "num_generations": 4,
+        "per_device_batch_size": 8,
+        "gradient_accumulation_steps": 1,
+        "max_steps": 3,
+        "max_new_tokens": 12,
+        "max_completion_length": 96,
+        "checkpoint_every": 0,
+        "learning_rate": 0.05,
+        "lora": {"r": 4, "alpha": 8},
+        "require_learning": False,
+        "reuse_calibration": 5,
+        **sampling,
+    }
+    art = execute("train", grpo, st).main
+    # 16 episodes are two steps of 8; the third step generated its own
+    assert art.summary["reused_calibration_steps"] == 2 and art.summary["reused_calibration_episodes"] == 16
+    rows = pq.read_table(art.path / "train_metrics.parquet").to_pylist()
+    turns = [r for r in rows if r.get("turns") is not None]
+    for step, chunk in ((1, eps[:8]), (2, eps[8:])):  # each reused step saw exactly those episodes
+        row = next(r for r in turns if r["step"] == step)
+        assert row["turns"] == pytest.approx(sum(e["n_actions"] for e in chunk) / 8), (row, step)
+    # other sampling settings than calibration's: nothing reused, and the run says why
+    other = execute("train", {**grpo, "max_new_tokens": 16, "max_steps": 1}, st).main
+    assert other.summary["reused_calibration_steps"] == 0

@@ -5,6 +5,9 @@ registry, train, compose and report read them).
                      seed split, checks, calibration attempts, authoring log
   calibration.parquet  one row per calibration attempt (view `calibration`, store/tables.py)
   samples.jsonl      episodes of the last calibration attempt, successes and failures alternating
+  calibration_rollouts.parquet  the admitted attempt's episodes as GRPO token sequences (prompt_ids,
+                     completion_ids, env_mask, reward, ...) when a model calibrated with GRPO's sampler: train's
+                     reuse_calibration takes them as its first steps
   module.py          the accepted module of an LLM author; modules/ every module it wrote, with the reason
 
 A module runs only if it is a file of the artifact whose content the manifest hashes, and always in the
@@ -28,6 +31,7 @@ from trace_cli.store.tables import CALIBRATION
 
 ENV_FILE = "environment.yaml"
 SAMPLES_FILE = "samples.jsonl"
+CALIBRATION_ROLLOUTS = "calibration_rollouts.parquet"
 MODULE_FILE = "module.py"
 MODULES_DIR = "modules"
 SCHEMA = "environment.v1.json"
@@ -100,6 +104,38 @@ def write_environment(
             p = directory / m["file"]
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(m["source"], encoding="utf-8")
+
+
+def write_calibration_rollouts(directory: Path, rows: list[dict[str, Any]]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema(
+        [
+            ("seed", pa.int64()),
+            ("trial", pa.int64()),
+            ("reward", pa.float64()),
+            ("success", pa.bool_()),
+            ("n_actions", pa.int64()),
+            ("termination", pa.string()),
+            ("prompt_ids", pa.list_(pa.int32())),
+            ("completion_ids", pa.list_(pa.int32())),
+            ("env_mask", pa.list_(pa.int8())),
+        ]
+    )
+    pq.write_table(
+        pa.Table.from_pylist(rows, schema=schema), directory / CALIBRATION_ROLLOUTS, compression="zstd"
+    )
+
+
+def read_calibration_rollouts(art: Any) -> list[dict[str, Any]]:
+    """The kept calibration episodes of an environment artifact, in (seed, trial) order; [] when it has none."""
+    import pyarrow.parquet as pq
+
+    p = art.path / CALIBRATION_ROLLOUTS
+    if not p.is_file():
+        return []
+    return sorted(pq.read_table(p).to_pylist(), key=lambda r: (r["seed"], r["trial"]))
 
 
 def module_source(art: Any, module: Any) -> str:

@@ -187,10 +187,28 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
 
 
 def load_calibration_policy(model, store: Store, cfg: dict[str, Any]):
-    """The policy that calibrates (loaded once per run; each attempt reseeds it)."""
+    """The policy that calibrates (loaded once per run; each attempt reseeds it). A model with
+    `calibration.tokens` samples as GRPO does (agents.token_history.TokenPolicy), so the episodes of the admitted
+    attempt are on-policy rollouts of GRPO's first step and can be reused as such."""
     from trace_cli.compose.policy import load_policy
 
     cal = cfg["calibration"]
+    if cal["tokens"] and model.kind == "hf":
+        from trace_cli.agents.token_history import TokenPolicy
+        from trace_cli.models.importer import context_of
+        from trace_cli.models.refs import load_hf
+
+        hf, tok = load_hf(model)
+        return TokenPolicy(
+            hf,
+            tok,
+            max_new_tokens=cal["max_new_tokens"],
+            budget=cal["max_completion_length"],
+            temperature=cal["temperature"],
+            top_p=cal["top_p"],
+            max_context=context_of(hf.config),
+            seed=cfg["seed"],
+        )
     return load_policy(
         model,
         temperature=cal["temperature"],
@@ -294,9 +312,10 @@ def _calibrate_and_write(
         )
 
     checks = gate(cand.params)
+    policy = load_calibration_policy(prepared.extra["model"], store, cfg)
     cal = calibrate_as_configured(
         cal_cfg,
-        load_calibration_policy(prepared.extra["model"], store, cfg),
+        policy,
         seed=cfg["seed"],
         start=t0,
         max_turns=cfg["max_turns"],
@@ -332,6 +351,9 @@ def _calibrate_and_write(
             module_src=cand.module_src,
             modules=cand.modules,
         )
+        kept = _keep_token_rollouts(w.path, cal.results, policy, prepared)
+        if kept:
+            w.summary["calibration_rollouts"] = kept
         last = cal.attempts[-1]
         w.summary.update(
             {
@@ -352,6 +374,45 @@ def _calibrate_and_write(
             }
         )
     return {"environment": w.artifact}
+
+
+def _keep_token_rollouts(path, results: list[Any], policy: Any, prepared: Prepared) -> dict[str, Any] | None:
+    """The admitted attempt's episodes as GRPO token sequences (calibration_rollouts.parquet), with the settings
+    they were sampled with (train's reuse_calibration checks them); None for a policy that keeps no tokens."""
+    from trace_cli.envs.artifact import CALIBRATION_ROLLOUTS, write_calibration_rollouts
+    from trace_cli.training.grpo import episode_sequence
+
+    eos = getattr(policy, "eos_id", None)
+    if eos is None or not results or not all(r.turns or r.n_actions == 0 for r in results):
+        return None
+    rows = []
+    for r in sorted(results, key=lambda r: (r.seed, r.trial)):
+        seq = episode_sequence(r.turns, eos)
+        rows.append(
+            {
+                "seed": r.seed,
+                "trial": r.trial,
+                "reward": float(r.reward),
+                "success": bool(r.success),
+                "n_actions": int(r.n_actions),
+                "termination": str(r.termination),
+                **{k: seq[k] for k in ("prompt_ids", "completion_ids", "env_mask")},
+            }
+        )
+    write_calibration_rollouts(path, rows)
+    cfg, cal = prepared.config, prepared.config["calibration"]
+    return {
+        "file": CALIBRATION_ROLLOUTS,
+        "episodes": len(rows),
+        "seeds": len({r["seed"] for r in rows}),
+        "rollouts": cal["rollouts"],
+        "model_digest": prepared.extra["model"].digest,
+        "temperature": cal["temperature"],
+        "top_p": cal["top_p"],
+        "max_new_tokens": cal["max_new_tokens"],
+        "max_completion_length": cal["max_completion_length"],
+        "max_turns": cfg["max_turns"],
+    }
 
 
 def _document(prepared, cand: Candidate, env, obs, params, checks, attempts, limits) -> dict[str, Any]:

@@ -322,8 +322,12 @@ def _run_grpo(
         barrier=group.wait_for_everyone,
     )
     env_ref = cfg["env"]
+    replay, why_not = _calibration_replay(cfg, ref, store, world)
+    if why_not and main:
+        print(f"train: not reusing calibration rollouts: {why_not}", file=sys.stderr)
     spec = GRPOSpec.from_config(
         cfg,
+        replay=replay,
         model_path=str(ref.path),
         make_env=lambda: make_env(env_ref, store=store),
         seeds=prepared.extra["seeds"],
@@ -366,7 +370,7 @@ def _write_adapter(w, prepared: Prepared, ref, spec, rows, result, world: int, a
     resolved = {
         k: v
         for k, v in vars(spec).items()
-        if k not in ("make_env", "log", "output_dir", "resume_from", "snapshot_steps")
+        if k not in ("make_env", "log", "output_dir", "resume_from", "snapshot_steps", "replay")
     }
     per_step = rollouts_after(spec, world, 1)
     resolved.update(
@@ -401,17 +405,69 @@ def _publish_snapshots(prepared: Prepared, store: Store, spec, rows, result, wor
         if not store.exists("adapter", snap.id):
             part = [r for r in rows if r["step"] <= n]
             frac = n / max(1, result.global_step)
+            per_replayed = result.replayed_episodes // max(1, result.replayed_steps)
             res = dataclasses.replace(
                 result,
                 global_step=n,
                 train_runtime_s=result.train_runtime_s * frac,
                 train_cpu_s=result.train_cpu_s * frac,
+                replayed_steps=min(result.replayed_steps, n),
+                replayed_episodes=min(result.replayed_steps, n) * per_replayed,
             )
             with snap.writer(store, "adapter") as w:
                 _write_adapter(w, snap, prepared.extra["model"], spec, part, res, world, d)
                 w.summary["snapshot_of"] = prepared.id
         out[str(n)] = f"store://adapter/{snap.id}"
     return out
+
+
+def _calibration_replay(cfg, ref, store: Store, world: int) -> tuple[list[dict[str, Any]], str | None]:
+    """The calibration episodes the first `reuse_calibration` steps take instead of new rollouts (whole groups of
+    num_generations episodes of one seed, as many as those steps use), and why none are when none are."""
+    from trace_cli.envs.artifact import read_calibration_rollouts
+    from trace_cli.errors import NotFoundError
+
+    n_steps = cfg["reuse_calibration"]
+    if not n_steps:
+        return [], None
+    try:
+        art = store.resolve(cfg["env"], kind="environment") if isinstance(cfg["env"], str) else None
+    except (NotFoundError, UsageError):
+        art = None
+    if art is None:
+        return [], "env is not a synthesized environment artifact"
+    meta = art.summary.get("calibration_rollouts")
+    if not meta:
+        return (
+            [],
+            f"{art.uri} kept no calibration rollouts (calibrated by a policy, or before they were kept)",
+        )
+    want = {
+        "model_digest": ref.digest,
+        "temperature": cfg["temperature"],
+        "top_p": cfg["top_p"],
+        "max_new_tokens": cfg["max_new_tokens"],
+        "max_completion_length": cfg["max_completion_length"],
+        "max_turns": cfg["max_turns"],
+    }
+    other = [f"{k} {meta.get(k)!r} (here {v!r})" for k, v in want.items() if meta.get(k) != v]
+    if cfg["top_k"]:
+        other.append(f"top_k {cfg['top_k']} (calibration samples without)")
+    if other:
+        return [], f"{art.uri} was calibrated with other settings: {', '.join(other)}"
+    if world > 1:
+        return [], "several processes (each would take the same episodes)"
+    g = cfg["num_generations"]
+    per_step = cfg["per_device_batch_size"] * cfg["gradient_accumulation_steps"]
+    by_seed: dict[int, list[dict[str, Any]]] = {}
+    for r in read_calibration_rollouts(art):
+        by_seed.setdefault(r["seed"], []).append(r)
+    groups = [eps[i : i + g] for eps in by_seed.values() for i in range(0, len(eps) - g + 1, g)]
+    episodes = [e for grp in groups for e in grp]
+    usable = min(n_steps, len(episodes) // per_step) * per_step
+    if not usable:
+        return [], f"{len(episodes)} calibration episodes in groups of {g}: fewer than one step's {per_step}"
+    return episodes[:usable], None
 
 
 def _grpo_summary(prepared: Prepared, ref, rows: list[dict[str, Any]], result, world: int) -> dict[str, Any]:
@@ -438,4 +494,7 @@ def _grpo_summary(prepared: Prepared, ref, rows: list[dict[str, Any]], result, w
         "lora_alpha": cfg["lora"]["alpha"],
         "prompt_tokens_max": prepared.extra.get("prompt_tokens"),
         "context": prepared.extra.get("context"),
+        # rollouts this run did not generate: its first steps took the environment's calibration episodes
+        "reused_calibration_steps": result.replayed_steps,
+        "reused_calibration_episodes": result.replayed_episodes,
     }
