@@ -343,7 +343,7 @@ def _transcripts(prepared: Prepared, store: Store, names: list[str]):
             out.append(
                 Transcript(s, ep["messages"], ep.get("tools") or [], f"{rollouts.id}:{ep['episode_id']}")
             )
-    if out or "policy" not in prepared.extra:
+    if "policy" not in prepared.extra:  # moe.data given: nothing is generated
         return out
     from trace_cli.compose.policy import load_policy
     from trace_cli.envs.registry import make_env
@@ -352,7 +352,9 @@ def _transcripts(prepared: Prepared, store: Store, names: list[str]):
     m = prepared.config["moe"]
     policy = load_policy(prepared.extra["policy"], seed=prepared.config["seed"])
     jobs = [(s, 0) for s in prepared.extra["seeds"]]
-    envs = [(0, m["target"])] + [(slot[a["name"]], a["env"]) for a in prepared.extra["adapters"]]
+    envs = [(slot[a["name"]], a["env"]) for a in prepared.extra["adapters"]]
+    if "diagnosis" not in prepared.extra:  # else the diagnosed conversations are the target's transcripts
+        envs.insert(0, (0, m["target"]))
     for s, env in envs:
         results = rollout(policy, lambda env=env: make_env(env, store=store), jobs, max_turns=m["max_turns"])
         if s == 0:  # the target's conversations: each labelled with what it needs
