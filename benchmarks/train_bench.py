@@ -18,6 +18,18 @@ with generated tokens = sum over steps of `completions/mean_length` x episodes p
     python benchmarks/train_bench.py                    # tiny model, 3 repeats
     python benchmarks/train_bench.py --preset small --steps 4 --repeats 2
     python benchmarks/train_bench.py --quick            # smoke run
+
+`--model smollm2`: GRPO on the real offline model (SmolLM2-135M-Instruct, imported with `trace model import`),
+today's path against the current one, side by side in one run: one optimizer step over `--episodes` multi-turn
+shop episodes (groups of `--num-generations`, up to `--tokens` tokens a turn, 1,024 a conversation), each side in
+its own subprocess. "before" is the trainer as of `--before-ref` (exported with `git archive`; default: the
+commit before issue 26's speed work) with the settings the SmolLM2 end-to-end run used (2 episodes per
+micro-step, gradient checkpointing on: 4 or more OOMed at 24 GB); "after" is this checkout (one group per
+micro-step, no checkpointing). Reported: wall and process-CPU seconds per episode, split into rollout and
+training, episode tokens, peak memory. Goal (issue 26): <= 10 s per shop-length episode.
+
+    OMP_NUM_THREADS=1 python benchmarks/train_bench.py --model smollm2                    # ~15 min, 1 thread
+    OMP_NUM_THREADS=2 python benchmarks/train_bench.py --model smollm2 --threads 2
 """
 
 from __future__ import annotations
@@ -36,6 +48,9 @@ from typing import Any
 from common import REPO, RESULTS, machine, write_result
 
 GOAL = 0.95
+# the last commit before issue 26's GRPO speed work (the "before" side of --model smollm2)
+BEFORE_REF = "8b395d1"
+SMOL_GOAL_S = 10.0  # issue 26: seconds per shop-length episode
 KEYS = (
     "steps_per_s",
     "tokens_per_s",
@@ -72,12 +87,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="1 repeat, 2 steps, small batch")
     p.add_argument("--workdir", default=None)
     p.add_argument("--out", default=str(RESULTS / "train_bench.json"))
-    p.add_argument("--worker", choices=["bare"], help=argparse.SUPPRESS)
+    p.add_argument(
+        "--model",
+        choices=["preset", "smollm2"],
+        default="preset",
+        help="preset: the from-scratch --preset model against bare TRL; smollm2: the real model, before vs after",
+    )
+    p.add_argument("--episodes", type=int, default=4, help="[smollm2] episodes in the measured step")
+    p.add_argument(
+        "--before-ref", default=BEFORE_REF, help="[smollm2] git ref of today's trainer ('none' to skip it)"
+    )
+    p.add_argument("--worker", choices=["bare", "grpo"], help=argparse.SUPPRESS)
     p.add_argument("--spec", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.quick:
         a.repeats, a.steps, a.batch, a.num_generations, a.tokens = 1, 2, 8, 4, 16
         a.multi_turn_turns = min(a.multi_turn_turns, 2)
+        a.episodes = min(a.episodes, 2)
+    if a.model == "smollm2":
+        if "--tokens" not in (argv if argv is not None else sys.argv):
+            a.tokens = 128  # a turn's max_new_tokens, as the SmolLM2 end-to-end run
+        if "--num-generations" not in (argv if argv is not None else sys.argv):
+            a.num_generations = min(4, a.episodes)
+        if a.episodes % a.num_generations:
+            p.error("--episodes must be a multiple of --num-generations")
     return a
 
 
@@ -320,6 +353,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker == "bare":
         print(json.dumps(bare_worker(json.loads(args.spec))))
         return 0
+    if args.worker == "grpo":
+        print(json.dumps(grpo_worker(json.loads(args.spec))))
+        return 0
+    if args.model == "smollm2":
+        return smollm2_main(args)
     os.environ.update(ENV)
     log = lambda m: print(f"[train_bench {time.strftime('%H:%M:%S')}] {m}", file=sys.stderr, flush=True)  # noqa: E731
     work = Path(args.workdir or tempfile.mkdtemp(prefix="train_bench-"))
@@ -424,6 +462,234 @@ def print_report(res: dict[str, Any]) -> None:
     goal = ", ".join(f"{k} {'met' if v else 'NOT met'}" for k, v in res["meets_goal"].items())
     print(f"goal ratio >= {res['goal_ratio']}: {goal}")
     print(f"trace train end-to-end wall (median): {w:.1f} s (imports, model load, artifact commit included)")
+
+
+# ----------------------------------------------------------------------------- --model smollm2
+def grpo_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """One `train_grpo` step with the trainer of `spec["src"]` (a source tree put first on sys.path), timing the
+    rollouts (the shared rollout loop, wrapped) apart from the rest of the step."""
+    import resource
+
+    sys.path.insert(0, spec["src"])
+    import torch
+
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
+    import trace_cli
+    import trace_cli.envs.rollout as rollout_mod
+    from trace_cli.envs.registry import make_env
+    from trace_cli.stages.train import _method_config
+    from trace_cli.training.grpo import GRPOSpec, train_grpo
+
+    timing = {"rollout_s": 0.0, "rollout_cpu_s": 0.0, "episodes": 0, "gen_tokens": 0, "episode_tokens": []}
+    inner = rollout_mod.rollout
+
+    def timed(*a, **kw):
+        t0, c0 = time.monotonic(), time.process_time()
+        res = inner(*a, **kw)
+        timing["rollout_s"] += time.monotonic() - t0
+        timing["rollout_cpu_s"] += time.process_time() - c0
+        timing["episodes"] += len(res)
+        timing["gen_tokens"] += sum(r.gen_tokens for r in res)
+        for r in res:
+            last = r.turns[-1] if r.turns else None
+            timing["episode_tokens"].append(
+                len(last["prompt_ids"]) + len(last["completion_ids"]) if last else 0
+            )
+        return res
+
+    rollout_mod.rollout = timed  # grpo.py imports it when its rollout_func is built
+    cfg = _method_config({"method": "grpo", "env": "shop", "model": spec["model"], **spec["settings"]})
+    g = GRPOSpec.from_config(
+        cfg,
+        model_path=spec["model"],
+        make_env=lambda: make_env("shop"),
+        seeds=list(range(spec["seed_lo"], spec["seed_lo"] + 1000)),
+        output_dir=spec["out"],
+    )
+    res = train_grpo(g)
+    hist = [h for h in res.log_history if "reward" in h]
+    return {
+        "src": str(Path(trace_cli.__file__).parent),
+        "train_s": res.train_runtime_s,
+        "train_cpu_s": res.train_cpu_s,
+        **timing,
+        "steps": res.global_step,
+        "reward": statistics.mean(h["reward"] for h in hist) if hist else None,
+        "max_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+    }
+
+
+def export_tree(ref: str, dest: Path) -> Path:
+    """The package and schemas of `ref` (git archive), for the before side."""
+    dest.mkdir(parents=True, exist_ok=True)
+    arch = subprocess.run(
+        ["git", "-C", str(REPO), "archive", "--format=tar", ref, "trace_cli", "schemas"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=arch, check=True)
+    return dest
+
+
+def smollm2_side(args, label: str, src: Path, model_dir: Path, work: Path, settings: dict[str, Any]) -> dict:
+    spec = {
+        "src": str(src),
+        "model": str(model_dir),
+        "seed_lo": 100000,
+        "settings": settings,
+        "out": str(work / f"ckpt-{label}"),
+        "threads": args.threads,
+    }
+    env = _env()
+    if args.threads:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, __file__, "--worker", "grpo", "--spec", json.dumps(spec)],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    if r.returncode != 0:
+        raise SystemExit(f"{label} worker failed ({r.returncode}):\n{r.stderr[-4000:]}")
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    res.update(label=label, wall_s=time.monotonic() - t0, settings=settings)
+    return res
+
+
+def per_episode(r: dict[str, Any]) -> dict[str, float]:
+    """Seconds per episode (wall and process CPU): the whole step, its rollouts, and the rest (log-probabilities,
+    backward, optimizer)."""
+    n = max(r["episodes"], 1)
+    return {
+        "s_per_episode": r["train_s"] / n,
+        "cpu_s_per_episode": r["train_cpu_s"] / n,
+        "rollout_s_per_episode": r["rollout_s"] / n,
+        "rollout_cpu_s_per_episode": r["rollout_cpu_s"] / n,
+        "train_s_per_episode": (r["train_s"] - r["rollout_s"]) / n,
+        "train_cpu_s_per_episode": (r["train_cpu_s"] - r["rollout_cpu_s"]) / n,
+        "episode_tokens": statistics.mean(r["episode_tokens"]) if r["episode_tokens"] else 0.0,
+    }
+
+
+def smollm2_settings(args, *, micro: int, checkpointing: bool) -> dict[str, Any]:
+    return {
+        "num_generations": args.num_generations,
+        "per_device_batch_size": micro,
+        "gradient_accumulation_steps": args.episodes // micro,
+        "max_steps": 1,
+        "max_turns": 12,
+        "max_new_tokens": args.tokens,
+        "max_completion_length": 1024,
+        "rollout_batch_size": 64,
+        "checkpoint_every": 0,
+        "precision": "fp32",
+        "gradient_checkpointing": checkpointing,
+        "drop_constant_groups": False,  # every episode is trained on, whatever its reward (same work both sides)
+        "seed": 0,
+    }
+
+
+def smollm2_main(args) -> int:
+    os.environ.update(ENV)
+    log = lambda m: print(f"[train_bench {time.strftime('%H:%M:%S')}] {m}", file=sys.stderr, flush=True)  # noqa: E731
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="train_bench-smollm2-"))
+    work.mkdir(parents=True, exist_ok=True)
+    from trace_cli.stages.base import execute
+    from trace_cli.store import Store
+
+    log(f"importing smollm2-135m-instruct into {work / 'models'}")
+    model_dir = execute("model", {"source": "smollm2-135m-instruct"}, Store(work / "models")).main.path / "hf"
+    sides = []
+    if args.before_ref != "none":
+        src = export_tree(args.before_ref, work / "before-src")
+        micro = min(2, args.episodes)
+        sides.append(("before", src, smollm2_settings(args, micro=micro, checkpointing=True)))
+    sides.append(("after", REPO, smollm2_settings(args, micro=args.num_generations, checkpointing=False)))
+    runs = []
+    for label, src, settings in sides:
+        log(f"{label}: one GRPO step of {args.episodes} shop episodes ({src})")
+        r = smollm2_side(args, label, src, model_dir, work, settings)
+        r.update(per_episode(r))
+        runs.append(r)
+        log(f"{label}: {r['s_per_episode']:.1f} s/episode ({r['cpu_s_per_episode']:.1f} cpu-s)")
+    res = {
+        "benchmark": "train_bench_smollm2",
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": " ".join(["python", *sys.argv]),
+        "commit": _commit(),
+        "before_ref": args.before_ref,
+        "machine": machine("torch", "trl", "transformers", "peft"),
+        "params": {
+            "episodes": args.episodes,
+            "num_generations": args.num_generations,
+            "tokens": args.tokens,
+            "threads": args.threads,
+        },
+        "goal_s_per_episode": SMOL_GOAL_S,
+        "runs": runs,
+    }
+    by = {r["label"]: r for r in runs}
+    if "before" in by:
+        res["speedup"] = {
+            k: by["before"][k] / by["after"][k]
+            for k in (
+                "s_per_episode",
+                "cpu_s_per_episode",
+                "rollout_cpu_s_per_episode",
+                "train_cpu_s_per_episode",
+            )
+            if by["after"][k] > 0
+        }
+    res["meets_goal"] = by["after"]["s_per_episode"] <= SMOL_GOAL_S
+    out = write_result(
+        args.out if args.out != str(RESULTS / "train_bench.json") else RESULTS / "train_bench_smollm2.json",
+        res,
+    )
+    print_smollm2(res)
+    log(f"wrote {out}")
+    return 0
+
+
+def _commit() -> str | None:
+    r = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
+    return r.stdout.strip() or None
+
+
+def print_smollm2(res: dict[str, Any]) -> None:
+    p = res["params"]
+    print(
+        f"\ntrain_bench --model smollm2: one GRPO step, {p['episodes']} shop episodes (groups of "
+        f"{p['num_generations']}, <= {p['tokens']} tokens a turn, <= 1024 a conversation), {p['threads']} thread(s)"
+    )
+    cols = [
+        ("s/episode", "s_per_episode", ".1f"),
+        ("cpu-s/ep.", "cpu_s_per_episode", ".1f"),
+        ("rollout cpu-s/ep.", "rollout_cpu_s_per_episode", ".1f"),
+        ("train cpu-s/ep.", "train_cpu_s_per_episode", ".1f"),
+        ("tokens/ep.", "episode_tokens", ".0f"),
+        ("peak GiB", "max_rss_gib", ".1f"),
+    ]
+    head = f"{'':<34}" + "".join(f"{c:>19}" for c, _, _ in cols)
+    print(head)
+    print("-" * len(head))
+    for r in res["runs"]:
+        s = r["settings"]
+        label = f"{r['label']} (micro {s['per_device_batch_size']}, gc {'on' if s['gradient_checkpointing'] else 'off'})"
+        print(f"{label:<34}" + "".join(f"{format(r[k], f):>19}" for _, k, f in cols))
+    if "speedup" in res:
+        sp = res["speedup"]
+        print(
+            f"{'speed-up before / after':<34}"
+            + "".join(f"{format(sp[k], '.2f') + 'x' if k in sp else '':>19}" for _, k, _ in cols)
+        )
+    after = next(r for r in res["runs"] if r["label"] == "after")
+    print(
+        f"goal <= {res['goal_s_per_episode']:.0f} s/episode: {'met' if res['meets_goal'] else 'NOT met'} "
+        f"(after: {after['s_per_episode']:.1f} s wall, {after['cpu_s_per_episode']:.1f} cpu-s per episode)"
+    )
 
 
 if __name__ == "__main__":

@@ -170,7 +170,72 @@ def _trainer_class():
 
     class TraceGRPOTrainer(GRPOTrainer):
         drop_constant_groups = True
+        # log-probabilities per prompt group (`shared_prompt_logps`); False = TRL's padded forward of every row
+        shared_prompt = True
         _last_rewards: list[float] | None = None
+        # the loss mask of the micro-batch being scored (the positions worth a log-probability)
+        _score_mask = None
+
+        def _prepare_inputs(self, generation_batch):
+            """TRL's, except that the generation batch is shuffled by whole groups (rows with the same prompt stay
+            together), so a micro-batch holds whole groups and their prompt is run once (`shared_prompt_logps`).
+            The step's gradient is the same: the loss is a sum over the step's rows normalised per step (dapo,
+            dr_grpo) or per sequence (grpo), and only bnpo's per-micro-batch normaliser sees the order."""
+            if not (self.shared_prompt and self.model.training and _plain_batch(generation_batch)):
+                return super()._prepare_inputs(generation_batch)
+            from trl.trainer.utils import split_tensor_dict
+
+            every = self.args.steps_per_generation * self.num_iterations
+            if self._step % every == 0 or self._buffered_inputs is None:
+                batch = self._generate_and_score_completions(generation_batch)
+                batch = _shuffle_groups(batch)
+                self._buffered_inputs = split_tensor_dict(batch, self.args.steps_per_generation)
+            return self._buffered_inputs[self._step % self.args.steps_per_generation]
+
+        def compute_loss(self, model, inputs, *args, **kwargs):
+            self._score_mask = inputs.get("tool_mask")
+            try:
+                return super().compute_loss(model, inputs, *args, **kwargs)
+            finally:
+                self._score_mask = None
+
+        def _get_per_token_logps_and_entropies(
+            self,
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            batch_size=None,
+            compute_entropy=False,
+            compute_aux_loss=False,
+            **media,
+        ):
+            unwrapped = self.accelerator.unwrap_model(model)
+            if not (
+                self.shared_prompt
+                and not compute_aux_loss
+                and all(v is None for v in media.values())
+                and self.accelerator.num_processes == 1  # DDP's gradient hooks live in the wrapper's forward
+                and not _checkpointing(unwrapped)
+                and _plain_head(unwrapped)
+            ):
+                return super()._get_per_token_logps_and_entropies(
+                    model,
+                    input_ids,
+                    attention_mask,
+                    logits_to_keep,
+                    batch_size,
+                    compute_entropy,
+                    compute_aux_loss,
+                    **media,
+                )
+            score = self._score_mask
+            if score is not None and tuple(score.shape) != (input_ids.size(0), logits_to_keep):
+                score = None
+            logps, ent = shared_prompt_logps(
+                unwrapped, input_ids, attention_mask, logits_to_keep, self.temperature, score, compute_entropy
+            )
+            return logps, ent, None
 
         def _generate_and_score_completions(self, inputs):
             out = super()._generate_and_score_completions(inputs)
@@ -195,6 +260,167 @@ def _trainer_class():
             return out
 
     return TraceGRPOTrainer
+
+
+def _plain_batch(batch) -> bool:
+    """A text-only generation batch (no images or other media TRL splits by grid)."""
+    return not any(k in batch[0] for k in ("images", "image", "pixel_values")) if batch else True
+
+
+def _shuffle_groups(batch: dict[str, Any]) -> dict[str, Any]:
+    """TRL's `shuffle_sequence_dict`, by groups: the rows that share a prompt stay together (in order), the groups
+    come in random order."""
+    import torch
+
+    ids, mask = batch["prompt_ids"], batch["prompt_mask"]
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i in range(ids.size(0)):
+        groups.setdefault(tuple(ids[i][mask[i].bool()].tolist()), []).append(i)
+    order = list(groups.values())
+    perm = torch.tensor([i for g in torch.randperm(len(order)).tolist() for i in order[g]], dtype=torch.long)
+
+    def permute(v):
+        if v is None or (isinstance(v, torch.Tensor) and v.ndim == 0):
+            return v
+        if isinstance(v, torch.Tensor):
+            return v[perm.to(v.device)]
+        return [v[i] for i in perm.tolist()]
+
+    return {k: permute(v) for k, v in batch.items()}
+
+
+def _causal_lm(model):
+    """The transformers causal LM inside a PEFT model (LoRA layers are injected in place, so its modules run
+    the adapter)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _checkpointing(model) -> bool:
+    return any(getattr(m, "gradient_checkpointing", False) for m in model.modules()) and model.training
+
+
+def _plain_head(model) -> bool:
+    """An LM head that is one linear layer on the backbone's last hidden state (no logit scaling or soft-capping,
+    which TRL's fused head handles and `shared_prompt_logps` does not)."""
+    lm = _causal_lm(model)
+    cfg = lm.config.get_text_config()
+    scaled = any(
+        getattr(cfg, k, None) not in (None, 1.0)
+        for k in (
+            "final_logit_softcapping",
+            "logit_scale",
+            "output_multiplier",
+            "lm_head_multiplier",
+            "logits_scaling",
+        )
+    )
+    head = lm.get_output_embeddings()
+    return not scaled and head is not None and hasattr(head, "weight") and hasattr(lm, lm.base_model_prefix)
+
+
+LOGP_CHUNK = 1024  # positions per LM-head chunk: [chunk, vocab] fp32 logits at a time (200 MB at 49k)
+
+
+def _chunk_logps(hidden, weight, bias, labels, temperature: float):
+    import torch
+
+    logits = torch.nn.functional.linear(hidden, weight, bias).float() / temperature
+    return logits.gather(-1, labels[:, None]).squeeze(-1) - logits.logsumexp(-1)
+
+
+def _chunk_entropy(hidden, weight, bias, temperature: float):
+    import torch
+
+    logits = torch.nn.functional.linear(hidden, weight, bias).float() / temperature
+    return torch.distributions.Categorical(logits=logits).entropy()
+
+
+def chunked_logps(hidden, weight, bias, labels, temperature: float, entropy: bool = False):
+    """Log-probabilities of `labels` [M] under the LM head applied to `hidden` [M, H], `LOGP_CHUNK` positions at a
+    time; each chunk's logits are recomputed in the backward pass (activation checkpointing), so no more than
+    one chunk of vocabulary-wide logits is ever held. Entropies (detached, for TRL's metrics) on request."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    out, ents = [], []
+    for a in range(0, hidden.size(0), LOGP_CHUNK):
+        h, y = hidden[a : a + LOGP_CHUNK], labels[a : a + LOGP_CHUNK]
+        if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+            out.append(checkpoint(_chunk_logps, h, weight, bias, y, temperature, use_reentrant=False))
+        else:
+            out.append(_chunk_logps(h, weight, bias, y, temperature))
+        if entropy:
+            with torch.no_grad():
+                ents.append(_chunk_entropy(h, weight, bias, temperature))
+    empty = hidden.new_zeros((0,), dtype=torch.float32)
+    lp = torch.cat(out) if out else empty
+    return lp, (torch.cat(ents) if ents else empty) if entropy else None
+
+
+def shared_prompt_logps(
+    model, input_ids, attention_mask, logits_to_keep: int, temperature: float, score_mask=None, entropy=False
+):
+    """Per-token log-probabilities (and entropies) of the completions in TRL's padded batch, as TRL's
+    `_get_per_token_logps_and_entropies` returns them ([rows, logits_to_keep], 0 where nothing is scored), computed
+    the cheap way for GRPO groups:
+
+      * rows with the same prompt (a group: TRL's prompts are left-padded copies) run that prompt once, unpadded;
+        the group's completions then run against its keys/values (expanded, so the gradient reaching the
+        prompt from every row is summed, as in a padded forward of each row);
+      * completions run unpadded on the left (right padding sits after every real token, so a causal model's
+        real positions never see it);
+      * the LM head and log-softmax run only on the scored positions (`score_mask`: TRL's tool mask, 0 on
+        environment tokens; else every real completion token), in chunks (`chunked_logps`), never on the prompt.
+
+    On a CPU this runs a shop group's ~1,000-token prompt once instead of `num_generations` times and skips the
+    vocabulary-wide head over ~2/3 of the positions; the numbers are those of a padded forward (float rounding
+    aside: tested against TRL's path)."""
+    import torch
+    from transformers import DynamicCache
+
+    lm = _causal_lm(model)
+    backbone = getattr(lm, lm.base_model_prefix)
+    head = lm.get_output_embeddings()
+    n, width = input_ids.shape
+    p_len = width - logits_to_keep
+    prompt_ids, comp_ids = input_ids[:, :p_len], input_ids[:, p_len:]
+    p_mask, c_mask = attention_mask[:, :p_len].bool(), attention_mask[:, p_len:].bool()
+    scored = c_mask if score_mask is None else c_mask & score_mask.bool()
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i in range(n):
+        groups.setdefault(tuple(prompt_ids[i][p_mask[i]].tolist()), []).append(i)
+    logps = torch.zeros((n, logits_to_keep), dtype=torch.float32, device=input_ids.device)
+    ents = torch.zeros_like(logps) if entropy else None
+    for prompt, rows in groups.items():
+        idx = torch.tensor(rows, dtype=torch.long, device=input_ids.device)
+        lens = c_mask[idx].sum(dim=1)
+        cw = int(lens.max()) if len(rows) else 0
+        if cw == 0 or not bool(scored[idx].any()):
+            continue
+        p = torch.tensor([prompt], dtype=torch.long, device=input_ids.device)
+        out = backbone(input_ids=p, past_key_values=DynamicCache(), use_cache=True)
+        h_last = out.last_hidden_state[:, -1:]  # predicts each row's first completion token
+        layers = [(k.expand(len(rows), -1, -1, -1), v.expand(len(rows), -1, -1, -1)) for k, v in _kv(out)]
+        comp = comp_ids[idx, :cw]
+        h = backbone(input_ids=comp, past_key_values=DynamicCache(layers), use_cache=True).last_hidden_state
+        pred = torch.cat([h_last.expand(len(rows), -1, -1), h[:, :-1]], dim=1)  # position t predicts token t
+        sel = scored[idx, :cw]
+        lp, en = chunked_logps(pred[sel], head.weight, head.bias, comp[sel], temperature, entropy)
+        block = torch.zeros((len(rows), cw), dtype=lp.dtype, device=lp.device).masked_scatter(sel, lp)
+        logps = logps.index_put((idx,), torch.nn.functional.pad(block, (0, logits_to_keep - cw)))
+        if entropy:
+            eb = torch.zeros((len(rows), cw), dtype=en.dtype, device=en.device).masked_scatter(sel, en)
+            ents[idx] = torch.nn.functional.pad(eb, (0, logits_to_keep - cw))
+    if torch.is_grad_enabled() and not logps.requires_grad:
+        # nothing scored (every group dropped): the loss must still reach the trainable parameters, as zero
+        anchor = next((q for q in model.parameters() if q.requires_grad), None)
+        if anchor is not None:
+            logps = logps + 0.0 * anchor.reshape(-1)[0]
+    return logps, ents
+
+
+def _kv(out) -> list[tuple[Any, Any]]:
+    return [(layer.keys, layer.values) for layer in out.past_key_values.layers]
 
 
 def _vllm_generate(trainer):
