@@ -84,7 +84,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--calibration", default="32x8", help="calibration seeds (at most) x rollouts per attempt"
     )
     ap.add_argument("--calibration-look", type=int, default=8, help="sequential test: seeds per look")
-    ap.add_argument("--calibration-attempts", type=int, default=3, help="calibration attempts at most")
+    ap.add_argument("--calibration-attempts", type=int, default=4, help="calibration attempts at most")
+    ap.add_argument(
+        "--calibration-start",
+        choices=("easiest", "default"),
+        default="easiest",
+        help="the difficulty level calibration starts from: the template's easiest (a base that lacks the "
+        "capability is usually below the band at the default level) or its default",
+    )
     ap.add_argument(
         "--methods",
         default="grpo_target,trace",
@@ -309,6 +316,7 @@ def run_trace(
                     "tools": "needed",
                     "model": base,
                     "seed": seed,
+                    **({"params": {"level": 0}} if a.calibration_start == "easiest" else {}),
                     "calibration": {
                         "seeds": a.cal_seeds,
                         "rollouts": a.cal_rollouts,
@@ -595,6 +603,7 @@ def settings(a) -> dict[str, Any]:
         "calibration": a.calibration,
         "calibration_look": a.calibration_look,
         "calibration_attempts": a.calibration_attempts,
+        "calibration_start": a.calibration_start,
         "moe_seeds": a.moe_seeds,
         "moe_steps": a.moe_steps,
         "max_new_tokens": a.max_new_tokens,

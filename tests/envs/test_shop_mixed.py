@@ -107,3 +107,27 @@ def test_registered_with_its_own_task_ids_and_parameters():
     assert make_env("shop-mixed").reset(3).messages == obs.messages  # same seed, same task
     with pytest.raises(UsageError, match="families"):
         make_env("shop-mixed?families=cancel_order")
+
+
+@pytest.mark.slow
+def test_the_demo_base_agent_scores_in_the_target_band(tmp_path):
+    """The committed base agent (examples/demo-base-agent) scores pass@1 in [0.15, 0.45] on shop-mixed: single
+    requests as on the shop, several requests almost never (it stops after the first write)."""
+    from trace_cli.stages.base import execute
+    from trace_cli.store import Store
+
+    st = Store(tmp_path / "store")
+    repo = Path(__file__).resolve().parents[2]
+    base = execute("model", {"source": str(repo / "examples" / "demo-base-agent")}, st).main
+    cfg = {
+        "model": base.uri,
+        "env": "shop-mixed",
+        "seeds": "500000:500100",
+        "max_new_tokens": 120,
+        "max_turns": 16,
+    }
+    ev = execute("eval", cfg, st).outputs["eval"].summary
+    assert 0.15 <= ev["pass@1"] <= 0.45, ev["pass@1"]
+    fams = ev["families"]
+    several = [f for f in fams if f.startswith("mixed")]
+    assert several and all(fams[f]["pass@1"] <= 0.1 for f in several), fams
