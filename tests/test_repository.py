@@ -54,3 +54,29 @@ def test_the_demo_base_agent_is_committed_small_and_documented():
     recipe = (REPO / "recipes" / "base-agent.yaml").read_text()
     assert f"sha256 {digest[:8]}" in recipe
     assert "source: ../examples/demo-base-agent" in (REPO / "recipes" / "demo.yaml").read_text()
+
+
+def test_the_demo_calibrates_on_the_base_agent_and_evaluates_compositions_on_seeds_nobody_diagnosed():
+    """No scripted twin calibrates a demo environment, and the compositions are measured (against the base) on shop
+    seeds disjoint from the ones whose rollouts were diagnosed."""
+    import yaml
+
+    doc = yaml.safe_load((REPO / "recipes" / "demo.yaml").read_text())
+    steps = {s["id"]: s for s in doc["steps"]}
+    synth = [s for s in doc["steps"] if s["uses"] == "synthesize"]
+    assert synth and all(s["with"]["model"] == "${steps.base.outputs.model}" for s in synth)
+
+    def seeds(step_id: str) -> range:
+        a, b = (int(x) for x in steps[step_id]["with"]["seeds"].split(":"))
+        return range(a, b)
+
+    diagnosed = steps[steps["diagnose"]["with"]["rollouts"].split(".")[1]]["id"]
+    comp_evals = [
+        s["id"] for s in doc["steps"] if s["uses"] == "eval" and "composition" in str(s["with"]["model"])
+    ]
+    assert len(comp_evals) == 3
+    for sid in [*comp_evals, "base_eval_heldout"]:
+        assert steps[sid]["with"]["env"] == "shop"
+        assert not set(seeds(sid)) & set(seeds(diagnosed)), sid
+        assert seeds(sid) == seeds("base_eval_heldout")  # compared on the same seeds
+    assert steps["moe"]["with"]["moe"]["diagnosis"] == "${steps.diagnose.outputs.diagnosis}"

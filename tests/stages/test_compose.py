@@ -187,6 +187,6 @@ def test_bad_input_exit_2(composed_store, tiny, tmp_path):
     out = _fails(st, "--method", "moe", *ADAPTERS, "--set", "moe.gates=store://composition/other-moe")
     assert "trained on another base model" in out and "gates" in out
     out = _fails(st, "--method", "moe", *ADAPTERS, "--data", "nobody=store://rollouts/x")
-    assert "'nobody' is not 'base' or one of" in out
+    assert "'nobody' is not 'base', 'needs' or one of" in out
     out = _fails(st, "--method", "router", *ADAPTERS, "--set", "merge.weights=[1]")
     assert "only used by method merge" in out
