@@ -30,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "compose"))
+sys.path.insert(0, str(ROOT / "tests" / "models"))  # compose_helpers imports tinymodel
 GOALS = {"moe": 0.8, "router": 0.95}
 
 
@@ -143,6 +144,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--store", help="Reuse this store.")
+    ap.add_argument("--small-only", action="store_true", help="Skip SmolLM2-135M.")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "compose_bench.json"))
     args = ap.parse_args()
     tokens, repeats = (24, 3) if args.quick else (args.tokens, args.repeats)
@@ -160,6 +162,8 @@ def main() -> int:
     rows = bench_model(store, small.uri, "small", tokens, repeats)
     skipped = []
     try:
+        if args.small_only:
+            raise RuntimeError("--small-only")
         smol = execute("model", {"source": "smollm2-135m-instruct"}, store, name="bench-smollm2").main
         rows += bench_model(store, smol.uri, "smollm2-135m", tokens, repeats)
     except Exception as e:  # noqa: BLE001 - SmolLM2 is optional: no wheel, no import support, no config key

@@ -5,8 +5,9 @@
 2. Starts a real `trace serve` subprocess on a free loopback port.
 3. For each concurrency level, that many client threads (official `openai` SDK) send greedy chat completions
    with the shop world's tools and real opening conversations (seeds 0..), max_tokens fixed, for a fixed
-   number of requests; the server batches concurrent requests into one generate call.
-4. Prints a table and writes JSON (benchmarks/results/serve_bench.json) with machine info.
+   number of requests; requests join the server's running batch between tokens (continuous batching).
+4. Prints a table with each level's tokens/s as a ratio to concurrency 1 (goal, issue 24: >= 3x at 16) and
+   writes JSON (benchmarks/results/serve_bench.json) with machine info.
 
     python benchmarks/serve_bench.py                 # 48 requests per level, max_tokens 64
     python benchmarks/serve_bench.py --quick         # 16 requests per level
@@ -116,6 +117,9 @@ def main() -> int:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+    base_tps = rows[0]["tokens_per_s"] if rows and rows[0]["concurrency"] == 1 else None
+    for r in rows:
+        r["x_concurrency_1"] = round(r["tokens_per_s"] / base_tps, 2) if base_tps else None
     cols = list(rows[0])
     print(" | ".join(cols))
     for r in rows:
@@ -128,6 +132,7 @@ def main() -> int:
         "max_tokens": args.max_tokens,
         "build_s": round(build_s, 1),
         "rows": rows,
+        "goal": {"concurrency": 16, "x_concurrency_1": 3.0},
         "machine": {
             "python": platform.python_version(),
             "platform": platform.platform(),

@@ -222,3 +222,76 @@ def test_a_diagnosis_labels_target_conversations_without_new_rollouts(composed_s
     agree = sum(expected[ep["episode_id"]] == s for ep, s in pairs)
     assert agree >= 34, agree  # an episode left out of every labelling run's resample keeps base
     assert {s for _, s in pairs} == {0, 1, 2}
+
+
+def _steps(model, enc, n: int, trace):
+    """Prefill then `n` greedy KV-cached decode steps: (logits of every step, routing choices)."""
+    trace.record = True
+    trace.clear()
+    out = model(**enc, use_cache=True)
+    logits = [out.logits[:, -1]]
+    am = enc["attention_mask"]
+    for _ in range(n):
+        ids = logits[-1].argmax(-1, keepdim=True)
+        am = torch.cat([am, am.new_ones(am.shape[0], 1)], 1)
+        out = model(input_ids=ids, attention_mask=am, past_key_values=out.past_key_values, use_cache=True)
+        logits.append(out.logits[:, -1])
+    trace.record = False
+    return torch.stack(logits), [(n, idx.clone()) for n, idx in trace.choices]
+
+
+def test_inference_path_routes_and_computes_as_the_training_path(loaded):
+    """Without gradients the gated layers apply the experts batched (and share a gate context between
+    layers fed the same input, with O(1) decode updates): same routing and logits as the path gates are
+    trained on, for a padded batch, at prefill and at every cached decode step."""
+    model, tok, _doc, extra = loaded
+    ep = _episode("cx-tcp", 5)
+    from trace_cli.models.chat import render
+
+    prompts = [render(tok, ep.messages[:3], ep.tools, add_generation_prompt=True), "Hello there"]
+    tok.padding_side = "left"
+    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    trace = extra["trace"]
+    with torch.no_grad():
+        fast_logits, fast_choices = _steps(model, enc, 6, trace)
+    with torch.enable_grad():
+        slow_logits, slow_choices = _steps(model, enc, 6, trace)
+    assert [n for n, _ in fast_choices] == [n for n, _ in slow_choices]
+    for (_, a), (_, b) in zip(fast_choices, slow_choices, strict=True):
+        assert torch.equal(a, b)
+    assert torch.allclose(fast_logits, slow_logits.detach(), atol=1e-4, rtol=1e-4)
+    # the experts were used (not only the base slot)
+    assert any(bool((idx > 0).any()) for _, idx in fast_choices)
+
+
+def test_served_moe_rows_joining_a_running_batch_keep_their_context(loaded, moe_art, tiny):
+    """trace serve's decode loop with the MoE: a request that joins a running batch (its gate context joins
+    the batch's, rows leave when done) gets the completion it gets alone."""
+    import asyncio
+
+    from trace_cli.compose.policy import load_composition_policy
+    from trace_cli.serve.engine import Engine
+
+    policy = load_composition_policy(moe_art.path, tiny.hf, max_new_tokens=16)
+    engine = Engine(policy, "moe")
+    ep = _episode("cx-tcp", 5)
+    a = engine.render(ep.messages[:3], ep.tools)
+    b = engine.render(ep.messages[:1], ep.tools)
+
+    async def run():
+        engine.start()
+        try:
+            alone_a = await engine.generate(a, (0.0, 1.0, 16))
+            alone_b = await engine.generate(b, (0.0, 1.0, 6))
+            ta = asyncio.create_task(engine.generate(a, (0.0, 1.0, 16)))
+            while not engine.stats()["running"]:
+                await asyncio.sleep(0.001)
+            await asyncio.sleep(0.01)
+            joined_b = await engine.generate(b, (0.0, 1.0, 6))
+            return alone_a, alone_b, await ta, joined_b
+        finally:
+            await engine.stop()
+
+    alone_a, alone_b, joined_a, joined_b = asyncio.run(run())
+    assert engine.max_running == 2  # b joined while a was generating
+    assert joined_a[1] == alone_a[1] and joined_b[1] == alone_b[1]

@@ -6,9 +6,12 @@ layer input. Per token the gate picks one slot by argmax (slot 0 = base, no adap
 LoRA delta is scaled by its gate probability (Switch Transformer), so the gate gets a gradient through the
 output as well as from its routing loss; a Switch load-balancing loss is available for training.
 
-Inference computes only the chosen expert's delta: tokens are grouped by expert (one group in the common
-case), base-slot tokens cost nothing beyond the gate. Routing is per token and stateless, so KV-cached
-generation works unchanged (each new token is routed when it is computed).
+Training computes only the chosen expert's delta, tokens grouped by expert. Inference (no gradient) applies
+the experts batched, with no per-expert Python work and no host sync: one matmul with every expert's A
+stacked, the rows of the experts a token did not choose zeroed by its gate weight, one matmul with the B's
+stacked (the same sum: unchosen experts add exactly zero). Layers fed the same input tensor (q/k/v, gate/up)
+share its gate context and gate input, and a decode step (one new token) updates the context in O(1).
+Routing is per token, so KV-cached generation works unchanged (each new token is routed when computed).
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ class RoutingTrace:
     fresh: bool = True  # the current forward starts a new sequence (no KV cache before it)
     new_mask: torch.Tensor | None = None  # (B, T) 1 for the current forward's real tokens, 0 for padding
     state: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # layer -> (sum, count)
+    _shared: tuple[torch.Tensor, str, torch.Tensor] | None = None
+    _apow: dict[str, torch.Tensor] = field(default_factory=dict)  # decode steps: a**count per layer
     logits: list[torch.Tensor] = field(default_factory=list)
     aux: list[torch.Tensor] = field(default_factory=list)
     choices: list[tuple[str, torch.Tensor]] = field(default_factory=list)
@@ -65,12 +70,18 @@ class RoutingTrace:
             self.new_mask = None
         if self.fresh:
             self.state = {}
+        self._shared = (
+            None  # (input, gate input) of the last gated layer: layers fed the same tensor share it
+        )
+        if n != 1:
+            self._apow = {}  # only decode steps keep it (context_mean's updates do not)
 
     # A server's running batch gains and loses rows between tokens (serve.engine): the gates' running context
     # is per row, so it follows the rows.
     def take_rows(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """The running context of every row (and none is left): before new rows are prefilled."""
         state, self.state = self.state, {}
+        self._apow = {}
         return state
 
     def join_rows(self, before: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -83,10 +94,50 @@ class RoutingTrace:
         }
 
     def select_rows(self, idx: torch.Tensor) -> None:
+        self._apow = {}
         self.state = {
             k: (e.index_select(0, idx.to(e.device)), c.index_select(0, idx.to(c.device)))
             for k, (e, c) in self.state.items()
         }
+
+    def gate_input(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """Inference: [x, context_mean(x)] for a (B, T, d) input; a layer fed the very tensor the previous gated
+        layer was fed (q/k/v, gate/up) shares its result and its context state (the same values)."""
+        sh = self._shared
+        if sh is not None and sh[0] is x:
+            if self.context:
+                self.state[name] = self.state[sh[1]]
+                if sh[1] in self._apow:
+                    self._apow[name] = self._apow[sh[1]]
+            return sh[2]
+        if not self.context:
+            g = x
+        elif x.shape[1] == 1:
+            g = torch.cat([x, self._context_step(name, x)], -1)
+        else:
+            g = torch.cat([x, self.context_mean(name, x)], -1)
+        self._shared = (x, name, g)
+        return g
+
+    def _context_step(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """context_mean for one new token per row (a decode step) as an O(1) update of the moving average. A
+        decode step's new token is real in every row (generation extends the attention mask with ones), so
+        the mask is not read; a[name] keeps a**count, the bias correction, so no power is taken per step."""
+        a = 1.0 - 1.0 / self.horizon
+        prev = None if self.fresh else self.state.get(name)
+        xt = x[:, 0]
+        if prev is not None and prev[0].shape[0] == x.shape[0]:
+            e = torch.lerp(prev[0], xt, 1.0 - a)
+            cnt = prev[1] + 1
+            apow = self._apow.get(name)
+            apow = apow * a if apow is not None and apow.shape[0] == x.shape[0] else a**cnt
+        else:
+            e = xt * (1.0 - a)
+            cnt = torch.ones(x.shape[0], 1, device=x.device, dtype=x.dtype)
+            apow = cnt * a
+        self.state[name] = (e, cnt)
+        self._apow[name] = apow
+        return (e / (1.0 - apow)).unsqueeze(1)
 
     def context_mean(self, name: str, x: torch.Tensor) -> torch.Tensor:
         """Exponential moving average of x over the sequence's real tokens so far (x: B, T, d), horizon
@@ -135,6 +186,8 @@ class GatedLoraLinear(nn.Module):
         self._trace = [trace]  # a list: not a submodule
         self._has: list[bool] = [False]
         dev, dt = base.weight.device, base.weight.dtype
+        rows_slot: list[int] = []
+        a_all, b_all = [], []
         for i, e in enumerate(experts, start=1):
             ab = e.modules.get(name)
             self._has.append(ab is not None)
@@ -143,6 +196,15 @@ class GatedLoraLinear(nn.Module):
                 self.register_buffer(f"lora_A_{i}", a.to(dev, dt), persistent=False)
                 # the scaling is folded into B once, so a token's delta is B'(A x) * p
                 self.register_buffer(f"lora_B_{i}", (b * e.scaling).to(dev, dt), persistent=False)
+                a_all.append(getattr(self, f"lora_A_{i}"))
+                b_all.append(getattr(self, f"lora_B_{i}"))
+                rows_slot += [i] * a.shape[0]
+        # inference: every expert at once (A's stacked by rows, B's by columns; row r belongs to slot rows_slot[r])
+        self.register_buffer("lora_A_all", torch.cat(a_all) if a_all else None, persistent=False)
+        self.register_buffer("lora_B_all", torch.cat(b_all, 1) if b_all else None, persistent=False)
+        self.register_buffer(
+            "rows_slot", torch.tensor(rows_slot, dtype=torch.long, device=dev), persistent=False
+        )
 
     @property
     def trace(self) -> RoutingTrace:
@@ -151,9 +213,29 @@ class GatedLoraLinear(nn.Module):
     def _delta(self, slot: int, x: torch.Tensor) -> torch.Tensor:
         return F.linear(F.linear(x, getattr(self, f"lora_A_{slot}")), getattr(self, f"lora_B_{slot}"))
 
+    def _infer(self, x: torch.Tensor, trace: RoutingTrace) -> torch.Tensor:
+        """forward without gradients: the same routing and output, experts applied batched (module doc)."""
+        base = self.base_layer
+        y = F.linear(x, base.weight, base.bias) if type(base) is nn.Linear else base(x)
+        w = self.gate.weight
+        x3 = x if x.dim() == 3 else x.reshape(1, -1, x.shape[-1])
+        gx = x3 if x3.dtype == w.dtype else x3.to(w.dtype)
+        probs = self.gate(trace.gate_input(self.layer_name, gx)).softmax(-1)
+        p, idx = probs.max(-1)
+        if trace.record:
+            trace.choices.append((self.layer_name, idx.reshape(x.shape[:-1]).detach()))
+        if self.lora_A_all is None:
+            return y
+        # each A row scaled by the gate weight when its expert is the token's choice, else by 0
+        coef = (idx.unsqueeze(-1) == self.rows_slot) * p.unsqueeze(-1).to(y.dtype)
+        h = F.linear(x3, self.lora_A_all) * coef
+        return y + F.linear(h, self.lora_B_all).view_as(y)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.base_layer(x)
         trace = self.trace
+        if not self.training and not trace.collect_logits and not torch.is_grad_enabled():
+            return self._infer(x, trace)
+        y = self.base_layer(x)
         gx = (x.detach() if self.training else x).to(self.gate.weight.dtype)
         if trace.context:
             g3 = gx if gx.dim() == 3 else gx.reshape(1, -1, gx.shape[-1])
