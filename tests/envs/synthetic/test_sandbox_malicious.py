@@ -195,6 +195,8 @@ def test_the_os_layer_holds_without_any_audit_hook(tmp_path):
         attempt('ctypes', lambda: __import__('ctypes'))
         attempt('subprocess', lambda: __import__('subprocess').run(['/bin/true']))
         attempt('network', lambda: socket.create_connection(('1.1.1.1', 80), timeout=2))
+        attempt('write_dev_shm', lambda: open('/dev/shm/evil', 'w').write('x'))
+        attempt('write_proc_self_mem', lambda: open('/proc/self/mem', 'r+b'))
         attempt('write_workdir', lambda: open('ok.txt', 'w').write('x'))
         print(repr(out))
     """)
@@ -228,7 +230,8 @@ def test_the_sandbox_dies_with_the_cli(tmp_path):
         open({str(marker)!r}, 'w').write(str(w.workdir))
         w.call('new', params={{}})
     """)
-    cli = subprocess.Popen([sys.executable, "-c", prog])
+    # its sandbox directory stays behind (SIGKILL cannot be caught): made under tmp_path, not the real /tmp
+    cli = subprocess.Popen([sys.executable, "-c", prog], env=dict(os.environ, TMPDIR=str(tmp_path)))
     deadline = time.monotonic() + 60
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -291,6 +294,8 @@ def _run_bpf(prog: bytes, nr: int, arch: int = 0xC000003E, arg0: int = 0) -> int
             pc += 1
         elif code == 0x15:
             pc += 1 + (jt if acc == k else jf)
+        elif code == 0x35:
+            pc += 1 + (jt if acc >= k else jf)
         elif code == 0x45:
             pc += 1 + (jt if acc & k else jf)
         elif code == 0x06:
@@ -310,3 +315,22 @@ def test_the_seccomp_filter_decides_each_syscall_as_documented():
     assert _run_bpf(prog, 56, arg0=0x3D0F00) == allow  # clone for a thread (CLONE_THREAD | ...)
     assert _run_bpf(prog, 0) == allow and _run_bpf(prog, 59) == allow  # read; execve of itself only
     assert _run_bpf(prog, 57, arch=0x40000003) == kill  # another ABI (i386) is killed
+    # issue 25: nested namespaces, io_uring, bpf, key rings, perf, userfaultfd, memfd, mounts: EPERM
+    for name in jail.DENIED:
+        if name in jail._ARCH["x86_64"][1]:
+            assert _run_bpf(prog, jail._ARCH["x86_64"][1][name]) == eperm, name
+    for nr in (272, 308, 425, 426, 427, 321, 250, 248, 249, 298, 323, 319, 165):
+        assert _run_bpf(prog, nr) == eperm, nr
+    assert _run_bpf(prog, 0x40000000 | 39) == enosys  # an x32-ABI number (x86_64's audit arch): none passes
+    assert _run_bpf(prog, 0x40000000 | 272) == enosys
+    for nr in (0, 1, 2, 3, 9, 10, 11, 12, 39, 60, 202, 231, 318, 334, 424, 436):  # ordinary calls still pass
+        assert _run_bpf(prog, nr) == allow, nr
+    arm = jail.seccomp_program("aarch64")
+    arm_arch = 0xC00000B7
+    assert _run_bpf(arm, 97, arch=arm_arch) == eperm  # unshare
+    assert _run_bpf(arm, 425, arch=arm_arch) == eperm  # io_uring_setup
+    assert _run_bpf(arm, 435, arch=arm_arch) == enosys  # clone3
+    assert _run_bpf(arm, 220, arch=arm_arch, arg0=0x11) == eperm  # clone as fork
+    assert _run_bpf(arm, 220, arch=arm_arch, arg0=0x3D0F00) == allow  # a thread
+    assert _run_bpf(arm, 63, arch=arm_arch) == allow  # read
+    assert _run_bpf(arm, 0x40000000 | 63, arch=arm_arch) == allow  # no x32 rule on aarch64

@@ -130,7 +130,34 @@ _INTROSPECTION = frozenset(
 )
 
 
-def _make_hook(proto_fd, workdir, read_roots):
+# raw bytecode: imports after the hook never need these, because the child points sys.pycache_prefix at a
+# directory that does not exist before installing the hook (modules imported later compile from source);
+# marshal.loads stays allowed where trusted code calls it directly (the envs deep-copy JSON-like state
+# with it), decided by the identity of the calling code object
+_CODE_EVENTS = frozenset({"code.__new__", "marshal.loads", "marshal.load"})
+_MARSHAL_USERS = ("trace_cli.envs.shop.env", "trace_cli.envs.synthetic.base")
+
+
+def _trusted_code(module_names):
+    """The code objects of every function and method defined in the named (already imported) modules."""
+    out = []
+    for name in module_names:
+        mod = sys.modules.get(name)
+        if mod is None:
+            continue
+        for obj in list(vars(mod).values()):
+            members = [obj]
+            if isinstance(obj, type) and getattr(obj, "__module__", None) == name:
+                members = list(vars(obj).values())
+            for m in members:
+                for fn in (m, getattr(m, "__func__", None), getattr(m, "fget", None)):
+                    code = getattr(fn, "__code__", None)
+                    if code is not None and getattr(fn, "__module__", None) == name:
+                        out.append(code)
+    return tuple(out)
+
+
+def _make_hook(proto_fd, workdir, read_roots, trusted_code=()):
     """The audit hook. Everything it uses is bound here, in its closure: the module can rebind module
     globals, builtins and `os` functions, but not these (no function object of the hook is reachable)."""
     import pathlib
@@ -146,6 +173,21 @@ def _make_hook(proto_fd, workdir, read_roots):
         _INTROSPECTION,
     )
     pathlib_types = (pathlib.PosixPath, pathlib.PurePosixPath)
+    code_events = _CODE_EVENTS
+    _getframe = sys._getframe
+    trusted = _tuple(trusted_code)  # strong references: their identities cannot be reused
+
+    def called_from_trusted_code():
+        # frame 0 is this function, 1 reason_for, 2 the hook, 3 the Python code that made the call
+        try:
+            code = _getframe(3).f_code
+        except ValueError:
+            return False
+        for c in trusted:
+            if c is code:
+                return True
+        return False
+
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
     wd = (workdir,)
     roots = _tuple(read_roots)
@@ -222,6 +264,10 @@ def _make_hook(proto_fd, workdir, read_roots):
             return f"introspection of the interpreter is not allowed ({event})"
         if event == "object.__setattr__" and _len(args) > 1 and args[1] in ("__code__", "__closure__"):
             return f"changing a function's code is not allowed ({args[1]})"
+        if event in code_events and not (event == "marshal.loads" and called_from_trusted_code()):
+            # hand-made bytecode (CodeType(...), code.replace, marshal) can crash the interpreter or read
+            # and write its memory; source that the compiler turns into bytecode stays allowed
+            return f"building code objects from raw bytecode is not allowed ({event})"
         return None
 
     def hook(event, args):
@@ -265,7 +311,12 @@ def main():
     read_roots = {"/dev/null", "/dev/urandom"} | {real(p) for p in allowed} | {absolute(p) for p in allowed}
     # the hook compares normalised (not resolved) paths, so the working directory is given as the module
     # sees it, and the real path of it too
-    sys.addaudithook(_make_hook(proto_fd, absolute(workdir), frozenset(read_roots)))
+    # later imports compile from source instead of reading .pyc files (marshal.loads is refused below);
+    # the prefix cannot be created: everything but the work directory is read-only
+    sys.pycache_prefix = "/nonexistent-trace-pycache"
+    sys.addaudithook(
+        _make_hook(proto_fd, absolute(workdir), frozenset(read_roots), _trusted_code(_MARSHAL_USERS))
+    )
     envs = {}
     loaded = []
 
@@ -320,22 +371,31 @@ def main():
 
     for line in requests:
         req = json.loads(line)
+        call_id = req.get("id")  # echoed: the parent accepts only the answer to the call it made
         try:
-            reply = {"ok": True, "result": dispatch(req)}
+            reply = {"ok": True, "id": call_id, "result": dispatch(req)}
         except MemoryError:
-            reply = {"ok": False, "etype": "MemoryError", "error": "memory limit exceeded"}
+            reply = {"ok": False, "id": call_id, "etype": "MemoryError", "error": "memory limit exceeded"}
         except BaseException as e:  # noqa: BLE001 - every error of the module goes back to the parent
             reply = {
                 "ok": False,
+                "id": call_id,
                 "etype": type(e).__name__,
                 "error": str(e)[:500],
                 "trace": traceback.format_exc()[-3000:],
             }
+            if isinstance(e, OSError) and isinstance(e.errno, int):
+                reply["errno"] = e.errno
         try:
             text = json.dumps(reply, default=str)
         except BaseException as e:  # noqa: BLE001
             text = json.dumps(
-                {"ok": False, "etype": type(e).__name__, "error": f"unserialisable result: {e}"}
+                {
+                    "ok": False,
+                    "id": call_id,
+                    "etype": type(e).__name__,
+                    "error": f"unserialisable result: {e}",
+                }
             )
         data = (text + "\n").encode()
         while data:

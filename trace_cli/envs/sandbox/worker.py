@@ -20,13 +20,16 @@ fields. The module may import `trace_cli.envs.*` (e.g. `SyntheticEnv`, the shop 
 from __future__ import annotations
 
 import atexit
+import errno
 import json
 import os
+import secrets
 import select
 import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import warnings
 import weakref
@@ -37,6 +40,7 @@ from typing import Any
 
 from trace_cli.envs.base import Observation, RewardBreakdown, StepResult
 from trace_cli.envs.sandbox import jail
+from trace_cli.envs.sandbox.leftovers import SANDBOX_PREFIX, write_owner
 from trace_cli.errors import CheckFailed, UsageError
 
 MAX_SOURCE_BYTES = 256 * 1024
@@ -66,6 +70,7 @@ class Limits:
     timeout_s: float = 30.0  # wall clock per call
     total_cpu_s: int = 3600  # CPU seconds over the worker's life
     file_mb: int = 16  # largest file the module may write (in its own dir)
+    work_mb: int = 64  # all files in its own dir together (a tmpfs of this size inside the jail)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,8 +88,8 @@ def isolation(unsafe_local_exec: bool | None = None) -> str:
         unsafe_local_exec = os.environ.get(UNSAFE_ENV, "") not in ("", "0")
     if not unsafe_local_exec:
         raise UsageError(
-            "no OS sandbox for untrusted environment modules: bubblewrap is missing or cannot create namespaces "
-            "here. Install it (apt-get install bubblewrap) or, to run the module with in-process guards only, "
+            "no OS sandbox for untrusted environment modules: bubblewrap is missing, older than 0.7 (no --size) "
+            "or cannot create namespaces here. Install it (apt-get install bubblewrap) or, to run the module with in-process guards only, "
             f"pass --unsafe-local-exec (or set {UNSAFE_ENV}=1)"
         )
     mode = "unshare" if _unshare_prefix() else "audit-hook"
@@ -132,6 +137,27 @@ def _tree_cpu(pid: int) -> float:
     return total
 
 
+def _tree_threads(pid: int) -> int:
+    """Threads beyond the first of each process in a process tree, from /proc (0 when gone)."""
+    extra, todo, seen = 0, [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            tasks = list(Path(f"/proc/{p}/task").iterdir())
+            extra += len(tasks) - 1
+            for task in tasks:
+                todo += [int(k) for k in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return extra
+
+
+_CRASH_SIGNALS = {-signal.SIGSEGV, -signal.SIGBUS, -signal.SIGILL, -signal.SIGFPE, -signal.SIGABRT}
+
+
 def _signal_name(rc: int) -> str:
     try:
         return signal.Signals(-rc).name
@@ -151,9 +177,13 @@ class SandboxWorker:
         except SyntaxError as e:
             raise SandboxError(f"the module does not compile: {e.msg} (line {e.lineno})") from None
         self.isolation = isolation(unsafe_local_exec)
-        # base/ is private to this side; base/work is the module's only writable directory; the module file
-        # and the stderr log stay outside it (read-only inside the sandbox, invisible respectively)
-        self.dir = Path(tempfile.mkdtemp(prefix="trace-sandbox-"))
+        _install_sigterm_cleanup()
+        # base/ is private to this side; base/work is the module's only writable directory (in the jail a
+        # tmpfs of work_mb mounted over it: the host directory stays empty); the module file and the stderr
+        # log stay outside it (read-only inside the sandbox, invisible respectively); base/owner names this
+        # process, so that `trace store gc` can remove the directory of a CLI that was killed (SIGKILL)
+        self.dir = Path(tempfile.mkdtemp(prefix=SANDBOX_PREFIX))
+        write_owner(self.dir)
         self.workdir = self.dir / "work"
         self.workdir.mkdir()
         self.module_path = self.dir / "module.py"
@@ -173,7 +203,12 @@ class SandboxWorker:
         fd = None
         if self.isolation == "bwrap":
             fd = jail.seccomp_fd()
-            cmd = [*jail.command(str(self.workdir), fd, (str(self.module_path),)), *child]
+            cmd = [
+                *jail.command(
+                    str(self.workdir), fd, (str(self.module_path),), work_bytes=self.limits.work_mb << 20
+                ),
+                *child,
+            ]
         else:
             cmd = [*_unshare_prefix(), *child]
         try:
@@ -193,6 +228,7 @@ class SandboxWorker:
         self._buf = b""
         self.dead: str | None = None
         self._finalizer = weakref.finalize(self, _cleanup, self.proc, self.dir, self._stderr)
+        _LIVE.add(self)
         self._startup = True
         try:  # wait until the child is ready, so that its start-up CPU is not charged to the first call
             self.call("ping")
@@ -235,6 +271,11 @@ class SandboxWorker:
             return f"file size limit exceeded ({self.limits.file_mb} MB) in {op}()"
         if "MemoryError" in tail:
             return f"memory limit exceeded ({self.limits.memory_mb} MB) in {op}()"
+        if rc in _CRASH_SIGNALS:
+            return (
+                f"the module crashed the interpreter ({_signal_name(rc)}) in {op}(): crafted bytecode or "
+                "memory corruption, which a sandboxed module is not allowed"
+            )
         last = tail.splitlines()[-1] if tail else ""
         how = _signal_name(rc) if rc < 0 else f"exit code {rc}"
         return f"the module process ended during {op}() ({how}){': ' + last if last else ''}"
@@ -244,8 +285,9 @@ class SandboxWorker:
         if self.dead:
             raise SandboxViolation(self.dead)
         cpu0 = None if self._startup else _tree_cpu(self.proc.pid)
+        call_id = secrets.token_hex(8)  # unguessable: an answer must echo the call it belongs to
         try:
-            self.proc.stdin.write((json.dumps({"op": op, **kw}) + "\n").encode())
+            self.proc.stdin.write((json.dumps({"op": op, "id": call_id, **kw}) + "\n").encode())
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             self._die(self._exit_reason(op))
@@ -256,16 +298,41 @@ class SandboxWorker:
             self._die(f"the module wrote a malformed answer to {op}()")
         if not isinstance(reply, dict):
             self._die(f"the module wrote a malformed answer to {op}()")
-        if reply.get("violation"):
+        if reply.get("violation"):  # the audit hook's report (it ends the process): accepted from any call
             self._die(f"blocked: {reply['violation']} (in {op}())")
+        if reply.get("id") != call_id:
+            self._die(
+                f"the module wrote an answer that does not belong to {op}() (a forged or stale protocol "
+                "message)"
+            )
+        if self._buf:
+            self._die(f"the module wrote more than one answer to {op}() (a forged protocol message)")
+        extra = self._stray_threads()
+        if extra:
+            self._die(
+                f"the module left {extra} thread{'s' if extra != 1 else ''} running after {op}(); "
+                "a sandboxed module may not run between calls"
+            )
         if not reply.get("ok"):
             if reply.get("etype") == "MemoryError":
                 self._die(f"memory limit exceeded ({self.limits.memory_mb} MB) in {op}()")
+            if reply.get("errno") == errno.ENOSPC and self.isolation == "bwrap":
+                self._die(f"work directory quota exceeded ({self.limits.work_mb} MB in all) in {op}()")
             raise SandboxError(
                 f"the module raised {reply.get('etype')} in {op}(): {reply.get('error')}",
                 reply.get("trace", ""),
             )
         return reply.get("result")
+
+    def _stray_threads(self) -> int:
+        """Threads beyond one per process in the sandbox's process tree, after a short grace for threads
+        that were joined and are just ending; 0 when none stays."""
+        deadline = time.monotonic() + 0.3
+        while True:
+            extra = _tree_threads(self.proc.pid)
+            if extra <= 0 or time.monotonic() >= deadline:
+                return max(extra, 0)
+            time.sleep(0.02)
 
     def _die(self, reason: str):
         self.dead = reason
@@ -369,6 +436,7 @@ class SandboxedEnv:
 
 
 _WORKERS: list[SandboxWorker] = []
+_LIVE: weakref.WeakSet[SandboxWorker] = weakref.WeakSet()
 
 
 def module_env_factory(
@@ -394,8 +462,32 @@ def module_env_factory(
 
 @atexit.register
 def _close_all() -> None:
-    for w in _WORKERS:
+    for w in [*_WORKERS, *list(_LIVE)]:
         w.close()
+
+
+_SIGTERM_INSTALLED = False
+
+
+def _on_sigterm(signum, frame) -> None:
+    """Remove every sandbox (processes and directories), then die of SIGTERM as before: the default action
+    skips atexit and finalizers, which left /tmp/trace-sandbox-* behind."""
+    try:
+        _close_all()
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _install_sigterm_cleanup() -> None:
+    """Install `_on_sigterm` once, from the main thread, where SIGTERM still has its default action (a
+    caller's own handler is left alone: it decides how the process ends, and atexit then cleans up)."""
+    global _SIGTERM_INSTALLED
+    if _SIGTERM_INSTALLED or threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        _SIGTERM_INSTALLED = True
 
 
 @dataclass
