@@ -447,6 +447,7 @@ def module_env_factory(
     unsafe_local_exec: bool | None = None,
 ):
     """A zero-argument factory of SandboxedEnvs sharing one worker (started on first use)."""
+    _install_sigterm_cleanup()  # here too: the worker itself may start on a rollout thread
     box: dict[str, SandboxWorker] = {}
 
     def make() -> SandboxedEnv:
