@@ -117,63 +117,116 @@ def test_filling_the_work_directory_stops_at_the_quota_and_nothing_outside_grows
 
 
 # ----------------------------------------------------------------------------------------------- item 2
+SLOW_MODULE = """import time
+from trace_cli.envs.synthetic import TEMPLATES
+
+def make_env(**params):
+    env = TEMPLATES["precondition_verification"](**params)
+    def reset(seed):
+        time.sleep(600)
+    env.reset = reset
+    return env
+"""
+
+
+@pytest.fixture
+def slow_env_store(tmp_path) -> Path:
+    """A store with an environment artifact whose module hangs in reset(): `trace eval` on it sits in a
+    sandbox call until it is killed."""
+    import yaml
+
+    from trace_cli.store import Store
+
+    st = Store(tmp_path / "store")
+    with st.writer("environment", "synthesize", {"slow": 1}, [], name="slow") as w:
+        (w.path / "module.py").write_text(SLOW_MODULE)
+        doc = {"kind": "environment", "version": 1, "name": "slow", "source": "module", "module": "module.py"}
+        (w.path / "environment.yaml").write_text(yaml.safe_dump({**doc, "params": {}, "max_turns": 4}))
+    return st.root
+
+
 def _sandboxes(tmp: Path) -> list[Path]:
     return sorted(tmp.glob("trace-sandbox-*"))
 
 
-def _cli_with_a_busy_sandbox(tmp: Path, marker: Path) -> subprocess.Popen:
-    """A process that, like the CLI mid-eval, holds a sandbox whose module is busy in a call."""
-    prog = textwrap.dedent(f"""
-        from trace_cli.envs.sandbox import Limits, SandboxWorker
-        src = "import time\\ndef make_env(**p):\\n    time.sleep(600)\\n"
-        w = SandboxWorker(src, Limits(cpu_s=600, timeout_s=600))
-        open({str(marker)!r}, 'w').write(str(w.dir))
-        w.call('new', params={{}})
-    """)
-    env = dict(os.environ, TMPDIR=str(tmp))
-    proc = subprocess.Popen([sys.executable, "-c", prog], env=env)
-    deadline = time.monotonic() + 60
-    while not marker.exists() and time.monotonic() < deadline:
+def _wait_for_a_busy_sandbox(tmp: Path, proc: subprocess.Popen) -> Path:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and proc.poll() is None:
+        found = [d for d in _sandboxes(tmp) if (d / "stderr.log").exists()]
+        if found and _processes_mentioning(str(found[0])):
+            time.sleep(1.0)  # into reset()
+            return found[0]
         time.sleep(0.1)
-    assert marker.exists(), "the sandbox never started"
-    time.sleep(0.3)  # into the call
-    return proc
+    raise AssertionError(f"the sandbox never started (exit {proc.poll()})")
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+            state = (p / "stat").read_text().split(") ")[1][0]
+        except OSError:
+            continue
+        if text in cmd and state != "Z":
+            found.append(int(p.name))
+    return found
+
+
+def _trace(*args, tmp: Path) -> subprocess.Popen:
+    env = dict(os.environ, TMPDIR=str(tmp), TRACE_NO_PROGRESS="1")
+    env.pop("TRACE_STORE", None)
+    exe = Path(sys.executable).parent / "trace"
+    return subprocess.Popen(
+        [str(exe), *map(str, args)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["TERM", "KILL"])
-def test_a_killed_cli_leaves_no_sandbox_directory_once_gc_ran(tmp_path, sig):
+def test_a_cli_killed_mid_eval_leaves_no_sandbox_directory_once_gc_ran(tmp_path, slow_env_store, sig):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    store = tmp_path / "store"
-    store.mkdir()
-    marker = tmp_path / "dir"
-    proc = _cli_with_a_busy_sandbox(tmp, marker)
-    sandbox = Path(marker.read_text())
-    assert sandbox.parent == tmp and sandbox.is_dir()
-    os.kill(proc.pid, sig)
-    assert proc.wait(timeout=30) == -sig
-    if sig == signal.SIGTERM:  # cleaned up by the process itself
+    store = slow_env_store
+    evaluate = ("eval", "--env", "store://environment/slow", "--model", "policy:reference", "--seeds", "0:2")
+    cli = _trace(*evaluate, "--store", store, tmp=tmp)
+    sandbox = _wait_for_a_busy_sandbox(tmp, cli)
+    cli.send_signal(sig)
+    assert cli.wait(timeout=30) == -sig
+    cli.communicate()
+    deadline = time.monotonic() + 10
+    while _processes_mentioning(str(sandbox)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _processes_mentioning(str(sandbox))  # the jail died with the CLI either way
+    if sig == signal.SIGTERM:  # cleaned up by the CLI itself
         assert _sandboxes(tmp) == []
     else:  # SIGKILL cannot be caught: the directory stays until gc
-        assert _sandboxes(tmp) == [sandbox]
-        assert leftovers.stale_dirs(tmp) == [sandbox]
-    # another process's live sandbox (and an unrelated directory) is never taken
-    live_marker = tmp_path / "live"
-    live = _cli_with_a_busy_sandbox(tmp, live_marker)
+        assert _sandboxes(tmp) == [sandbox] and leftovers.stale_dirs(tmp) == [sandbox]
+    # a live run's sandbox (another `trace eval`, still in its call) and unrelated directories are kept
+    live = _trace(*evaluate, "--store", store, tmp=tmp)
     other = tmp / "trace-sandboxed-not-ours"
     other.mkdir()
     try:
+        live_dir = _wait_for_a_busy_sandbox(tmp, live) if sig == signal.SIGTERM else None
+        if live_dir is None:  # the killed run's directory is there too: find the new one
+            deadline = time.monotonic() + 90
+            while live_dir is None and time.monotonic() < deadline:
+                new = [d for d in _sandboxes(tmp) if d != sandbox and _processes_mentioning(str(d))]
+                live_dir = new[0] if new else None
+                time.sleep(0.1)
+        assert live_dir is not None
         dry = run_trace("store", "gc", "--dry-run", "--store", store, env={"TMPDIR": str(tmp)})
         assert dry.returncode == 0, dry.stderr
         r = run_trace("store", "gc", "--store", store, env={"TMPDIR": str(tmp)})
         assert r.returncode == 0, r.stderr
         if sig == signal.SIGKILL:
-            assert f"would remove {sandbox}" in dry.stdout and sandbox.exists() is False
+            assert f"would remove {sandbox}" in dry.stdout, dry.stdout
             assert f"removed {sandbox}" in r.stdout and "1 sandbox directory" in r.stdout, r.stdout
-        assert _sandboxes(tmp) == [Path(live_marker.read_text())] and other.is_dir()
+        assert _sandboxes(tmp) == [live_dir] and other.is_dir()
     finally:
         live.kill()
-        live.wait()
+        live.communicate()
     assert run_trace("store", "gc", "--store", store, env={"TMPDIR": str(tmp)}).returncode == 0
     assert _sandboxes(tmp) == [] and other.is_dir()
 

@@ -33,6 +33,7 @@ def _start_time(pid: int) -> str:
 
 
 def _alive(pid: int) -> bool:
+    """Whether the process runs; a zombie (killed, not yet reaped by its parent) does not."""
     if pid <= 0:
         return False
     try:
@@ -41,7 +42,11 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:  # another user's process: alive
         return True
-    return True
+    try:
+        stat_ = Path(f"/proc/{pid}/stat").read_text()
+        return stat_[stat_.rindex(")") + 2 :].split()[0] != "Z"
+    except (OSError, ValueError, IndexError):
+        return True
 
 
 def write_owner(directory: Path) -> None:
