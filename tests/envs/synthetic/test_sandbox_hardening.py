@@ -116,6 +116,33 @@ def test_filling_the_work_directory_stops_at_the_quota_and_nothing_outside_grows
         assert _du(w.dir) < 1 << 20
 
 
+def test_trace_eval_on_a_module_that_fills_its_directory_exits_1_and_the_host_does_not_grow(tmp_path):
+    """Through the CLI: the module writes 600 MB on creation; the default 64 MB quota stops it, eval fails its
+    check (exit 1) naming the quota, and nothing under the temp directory or the store grows."""
+    import yaml
+
+    from trace_cli.store import Store
+
+    st = Store(tmp_path / "store")
+    src = _module(FILL.replace("{handler}", "raise"))
+    with st.writer("environment", "synthesize", {"fill": 1}, [], name="fill") as w:
+        (w.path / "module.py").write_text(src)
+        doc = {"kind": "environment", "version": 1, "name": "fill", "source": "module", "module": "module.py"}
+        (w.path / "environment.yaml").write_text(yaml.safe_dump({**doc, "params": {}, "max_turns": 4}))
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    store_before = _du(st.root)
+    r = run_trace(
+        "eval", "--env", "store://environment/fill", "--model", "policy:reference", "--seeds", "0:2",
+        "--store", st.root, env={"TMPDIR": str(tmp)}, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 1, (r.stdout, r.stderr[-2000:])
+    assert "work directory quota exceeded (64 MB in all)" in r.stderr, r.stderr[-2000:]
+    assert "internal error" not in r.stderr and "Traceback" not in r.stderr
+    assert list(tmp.iterdir()) == []  # the sandbox directory went with the run; it never held the data
+    assert _du(st.root) - store_before < 1 << 20
+
+
 # ----------------------------------------------------------------------------------------------- item 2
 SLOW_MODULE = """import time
 from trace_cli.envs.synthetic import TEMPLATES
