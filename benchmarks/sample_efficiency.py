@@ -54,7 +54,16 @@ TARGET_TRAIN = 300000  # target seeds for diagnosis and GRPO-on-target (disjoint
 TRACE_METHODS = ("trace", "router", "moe", "merge")
 METHODS = ("base", "grpo_target", "trace", "router", "moe", "merge", "single_best")
 ACCOUNTINGS = {"all": "", "training": "_train"}  # accounting -> column suffix
-MAX_TURNS = {"shop": 12, "shop-mixed": 16}  # the target's own turn limit (synthesized environments: 12)
+MAX_TURNS = {"shop": 12, "shop-mixed": 16}
+# option -> (default, default with --quick)
+DEFAULTS = {
+    "budgets": ("640,1280,2560", "640,1280"),
+    "train_seeds": ("0,1,2", "0"),
+    "held_out": ("500000:500200", "500000:500100"),
+    "validation": ("600000:600100", "600000:600050"),
+    "calibration": ("32x8", "16x8"),
+    "moe_seeds": (16, 8),
+}  # the target's own turn limit (synthesized environments: 12)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -73,15 +82,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--target", default="shop-mixed,shop", help="target environments, comma-separated (shop-mixed, shop)"
     )
-    ap.add_argument("--budgets", default="640,1280,2560", help="rollout budgets, comma-separated")
-    ap.add_argument("--train-seeds", default="0,1,2", help="training seeds per method")
+    ap.add_argument("--budgets", default=None, help="rollout budgets, comma-separated (640,1280,2560)")
+    ap.add_argument("--train-seeds", default=None, help="training seeds per method (0,1,2)")
+    ap.add_argument("--held-out", default=None, help="held-out test seeds A:B (500000:500200)")
     ap.add_argument(
-        "--held-out", default="500000:500200", help="held-out test seeds A:B (>= 200 for the result)"
+        "--validation", default=None, help="validation seeds, to choose single_best (600000:600100)"
     )
-    ap.add_argument("--validation", default="600000:600100", help="validation seeds (choose single_best)")
     ap.add_argument("--diagnosis-rollouts", type=int, default=100, help="TRACE's target rollouts to diagnose")
     ap.add_argument(
-        "--calibration", default="32x8", help="calibration seeds (at most) x rollouts per attempt"
+        "--calibration", default=None, help="calibration seeds (at most) x rollouts per attempt (32x8)"
     )
     ap.add_argument("--calibration-look", type=int, default=8, help="sequential test: seeds per look")
     ap.add_argument("--calibration-attempts", type=int, default=4, help="calibration attempts at most")
@@ -97,7 +106,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="grpo_target,trace",
         help="trained methods to run (comma-separated subset of grpo_target,trace); the base is always measured",
     )
-    ap.add_argument("--moe-seeds", type=int, default=16, help="MoE gate transcripts per expert environment")
+    ap.add_argument(
+        "--moe-seeds", type=int, default=None, help="MoE gate transcripts per expert environment (16)"
+    )
     ap.add_argument("--moe-steps", type=int, default=150, help="MoE gate training steps")
     ap.add_argument("--episodes-per-step", type=int, default=32, help="GRPO episodes per optimizer step")
     ap.add_argument("--num-generations", type=int, default=8, help="GRPO group size")
@@ -119,18 +130,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="no training: merge these result files (per target, seed or method) into one table",
     )
     a = ap.parse_args(argv)
-    if a.quick:  # smaller defaults; what the command line names explicitly stays
-        quick = {
-            "budgets": "640,1280",
-            "train_seeds": "0",
-            "held_out": "500000:500100",
-            "validation": "600000:600050",
-            "calibration": "16x8",
-            "moe_seeds": 8,
-        }
-        for k, v in quick.items():
-            if getattr(a, k) == ap.get_default(k):
-                setattr(a, k, v)
+    # --quick: smaller defaults; an option the command line names keeps its value
+    for k, (full, quick) in DEFAULTS.items():
+        if getattr(a, k) is None:
+            setattr(a, k, quick if a.quick else full)
     a.targets = [t for t in a.target.split(",") if t]
     if not a.targets or set(a.targets) - set(MAX_TURNS):
         ap.error(f"--target: a comma-separated subset of {','.join(MAX_TURNS)}, not {a.target!r}")
