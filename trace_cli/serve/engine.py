@@ -392,7 +392,11 @@ class Engine:
         self._waiting = [j for j in self._waiting if id(j) not in taken]
         for j in group:
             j.emit(("start", j.route))
-        self._prefill(group)
+        try:
+            self._prefill(group)
+        except Exception as e:  # noqa: BLE001 - these requests fail (HTTP 500); the running batch goes on
+            for j in group:
+                j.emit(("error", e))
 
     def _device(self):
         return next(self.model.parameters()).device
@@ -414,14 +418,20 @@ class Engine:
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         saved = self._trace.take_rows() if self._trace is not None else None
         cache = DynamicCache(config=self.model.config)
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=pos,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        try:
+            out = self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=pos,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        except Exception:
+            if self._trace is not None:
+                self._trace.take_rows()
+                self._trace.state = dict(saved or {})  # the running rows keep their gate context
+            raise
         logits = out.logits[:, -1]
         cache = out.past_key_values
         if self._rows:
