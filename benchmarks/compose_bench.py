@@ -7,7 +7,8 @@ LoRA merged into its weights (what serving a single adapter costs).
 2. Writes two random non-zero LoRA adapters (r 16, all linear layers) as adapter artifacts and composes them
    three ways (router, moe with untrained gates routed to experts by a fixed gate, merge).
 3. Decodes `--tokens` new tokens after a shop prompt (batch 1, greedy, KV cache), `--repeats` times, and
-   reports the median tokens/s and the ratio to the merged-LoRA baseline. The router's time includes its
+   reports the median tokens/s and the ratio to the merged-LoRA baseline (prefill included), and the same
+   for decode steps alone (`decode_ratio`: the prompt prefilled once, then one token per forward). The router's time includes its
    classifier forward pass and the weight merge (once per conversation).
 
 Goals (issue 13): moe >= 0.8x, router >= 0.95x of the merged-LoRA baseline.
@@ -57,6 +58,27 @@ def _time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def _decode_time(model, enc, tokens: int, repeats: int) -> float:
+    """Median seconds per decode step: the prompt prefilled once (not timed), then `tokens` greedy steps of
+    one token each with the KV cache, as generate runs them."""
+    import torch
+
+    def steps():
+        with torch.inference_mode():
+            out = model(**enc, use_cache=True)
+            am = enc["attention_mask"]
+            ids = out.logits[:, -1:].argmax(-1)
+            t = time.perf_counter()
+            for _ in range(tokens):
+                am = torch.cat([am, am.new_ones(am.shape[0], 1)], 1)
+                out = model(input_ids=ids, attention_mask=am, past_key_values=out.past_key_values)
+                ids = out.logits[:, -1:].argmax(-1)
+            return (time.perf_counter() - t) / tokens
+
+    steps()  # warm-up
+    return statistics.median(steps() for _ in range(repeats))
+
+
 def bench_model(store, base_ref: str, label: str, tokens: int, repeats: int) -> list[dict]:
     import torch
     from compose_helpers import make_adapter
@@ -87,7 +109,17 @@ def bench_model(store, base_ref: str, label: str, tokens: int, repeats: int) -> 
     one = one.merge_and_unload().eval()
     with torch.inference_mode():
         t_base = _time(lambda: one.generate(**enc, **gen), repeats)
-    rows.append({"model": label, "method": "base + 1 LoRA merged", "tok_s": tokens / t_base, "ratio": 1.0})
+    d_base = _decode_time(one, enc, tokens, repeats)
+    rows.append(
+        {
+            "model": label,
+            "method": "base + 1 LoRA merged",
+            "tok_s": tokens / t_base,
+            "ratio": 1.0,
+            "decode_tok_s": 1 / d_base,
+            "decode_ratio": 1.0,
+        }
+    )
     adapters = [a.uri for a in arts]
     for method in ("router", "moe", "merge"):
         cfg = {"method": method, "adapters": adapters, "base": base_ref}
@@ -113,29 +145,35 @@ def bench_model(store, base_ref: str, label: str, tokens: int, repeats: int) -> 
         else:
             with torch.inference_mode():
                 t = _time(lambda pol=pol: pol.model.generate(**enc, **gen), repeats)
-        rows.append({"model": label, "method": method, "tok_s": tokens / t, "ratio": t_base / t})
+        if method == "router":
+            pol.merger.apply({1: 1.0})
+        d = _decode_time(pol.model, enc, tokens, repeats)
+        rows.append(
+            {
+                "model": label,
+                "method": method,
+                "tok_s": tokens / t,
+                "ratio": t_base / t,
+                "decode_tok_s": 1 / d,
+                "decode_ratio": d_base / d,
+            }
+        )
     return rows
 
 
 def _forced(gate, slot: int):
-    """A gate that still does its matmul (the real cost) but always prefers `slot`."""
+    """The gate as the same Linear (its full matmul, the real cost) with a bias that makes `slot` win for
+    every token: a delta in every layer. (A wrapper module around the gate would add a module call and two
+    ops per layer that a served composition does not have.)"""
     import torch
 
-    class Forced(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.inner, self.slot = gate, slot
-
-        @property
-        def weight(self):
-            return self.inner.weight
-
-        def forward(self, x):
-            out = self.inner(x)
-            out[..., self.slot] += 10.0
-            return out
-
-    return Forced()
+    forced = torch.nn.Linear(gate.in_features, gate.out_features, bias=True)
+    forced = forced.to(gate.weight.device, gate.weight.dtype)
+    with torch.no_grad():
+        forced.weight.copy_(gate.weight)
+        forced.bias.zero_()
+        forced.bias[slot] = 10.0
+    return forced
 
 
 def main() -> int:
@@ -168,11 +206,17 @@ def main() -> int:
         rows += bench_model(store, smol.uri, "smollm2-135m", tokens, repeats)
     except Exception as e:  # noqa: BLE001 - SmolLM2 is optional: no wheel, no import support, no config key
         skipped.append(f"smollm2: {type(e).__name__}: {str(e)[:160]}")
-    print(f"{'model':<14} {'method':<22} {'tok/s':>8} {'x base+LoRA':>12} {'goal':>6}")
+    print(
+        f"{'model':<14} {'method':<22} {'tok/s':>8} {'x base+LoRA':>12} {'decode tok/s':>13} "
+        f"{'decode x':>9} {'goal':>6}"
+    )
     for r in rows:
         goal = GOALS.get(r["method"])
         mark = "" if goal is None else (f">={goal}" + (" ok" if r["ratio"] >= goal else " MISS"))
-        print(f"{r['model']:<14} {r['method']:<22} {r['tok_s']:>8.1f} {r['ratio']:>12.3f} {mark:>6}")
+        print(
+            f"{r['model']:<14} {r['method']:<22} {r['tok_s']:>8.1f} {r['ratio']:>12.3f} "
+            f"{r['decode_tok_s']:>13.1f} {r['decode_ratio']:>9.3f} {mark:>6}"
+        )
     for s in skipped:
         print(f"skipped {s}")
     result = {

@@ -393,3 +393,16 @@ def test_ctrl_c_shuts_down_cleanly(server):
 def test_serve_refuses_what_it_cannot_serve(tmp_path):
     r = run_cli("serve", "policy:reference", "--store", tmp_path / "s")
     assert r.exit_code == 2 and "serves local models" in r.output
+
+
+def test_help_shows_an_offline_tau2_command_without_keys_in_its_args():
+    """τ²-bench writes --agent-llm-args/--user-llm-args into results.json: the key comes from the environment,
+    both LLMs are local servers, and the temperature is stated."""
+    r = run_cli("serve", "--help")
+    assert r.exit_code == 0
+    text = r.output
+    start = text.index("tau2 run")
+    cmd = text[start : text.index("}'", text.index("--user-llm-args", start)) + 2]
+    assert "--agent-llm openai/" in cmd and "--user-llm openai/" in cmd
+    assert cmd.count('"api_base": "http://127.0.0.1:') == 2 and cmd.count('"temperature": 0.0') == 2
+    assert "api_key" not in cmd and "OPENAI_API_KEY=" in text[:start]
