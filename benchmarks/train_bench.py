@@ -607,7 +607,8 @@ def smollm2_main(args) -> int:
         src = export_tree(args.before_ref, work / "before-src")
         micro = min(2, args.episodes)
         sides.append(("before", src, smollm2_settings(args, micro=micro, checkpointing=True)))
-    sides.append(("after", REPO, smollm2_settings(args, micro=args.num_generations, checkpointing=False)))
+    after = smollm2_settings(args, micro=args.num_generations, checkpointing=False)
+    sides.append(("after", REPO, after))
     runs = []
     for label, src, settings in sides:
         log(f"{label}: one GRPO step of {args.episodes} shop episodes ({src})")
@@ -677,7 +678,8 @@ def print_smollm2(res: dict[str, Any]) -> None:
     print("-" * len(head))
     for r in res["runs"]:
         s = r["settings"]
-        label = f"{r['label']} (micro {s['per_device_batch_size']}, gc {'on' if s['gradient_checkpointing'] else 'off'})"
+        gc = "on" if s["gradient_checkpointing"] else "off"
+        label = f"{r['label']} (micro {s['per_device_batch_size']}, gc {gc}, {s['precision']})"
         print(f"{label:<34}" + "".join(f"{format(r[k], f):>19}" for _, k, f in cols))
     if "speedup" in res:
         sp = res["speedup"]

@@ -232,9 +232,16 @@ def _trainer_class():
             score = self._score_mask
             if score is not None and tuple(score.shape) != (input_ids.size(0), logits_to_keep):
                 score = None
-            logps, ent = shared_prompt_logps(
-                unwrapped, input_ids, attention_mask, logits_to_keep, self.temperature, score, compute_entropy
-            )
+            with self.accelerator.autocast():  # as TRL's own forward (precision bf16: CPU/GPU autocast)
+                logps, ent = shared_prompt_logps(
+                    unwrapped,
+                    input_ids,
+                    attention_mask,
+                    logits_to_keep,
+                    self.temperature,
+                    score,
+                    compute_entropy,
+                )
             return logps, ent, None
 
         def _generate_and_score_completions(self, inputs):
