@@ -8,10 +8,11 @@ LoRA merged into its weights (what serving a single adapter costs).
    three ways (router, moe with untrained gates routed to experts by a fixed gate, merge).
 3. Decodes `--tokens` new tokens after a shop prompt (batch 1, greedy, KV cache), `--repeats` times, and
    reports the median tokens/s and the ratio to the merged-LoRA baseline (prefill included), and the same
-   for decode steps alone (`decode_ratio`: the prompt prefilled once, then one token per forward). The router's time includes its
+   for decode steps alone (`decode_ratio`: the prompt prefilled once, then one token per forward). Methods
+   are timed interleaved, round by round, so a shared machine's changing load moves them alike. The router's time includes its
    classifier forward pass and the weight merge (once per conversation).
 
-Goals (issue 13): moe >= 0.8x, router >= 0.95x of the merged-LoRA baseline.
+Goals (issues 13, 24): moe >= 0.8x, router >= 0.95x of the merged-LoRA baseline.
 
     python benchmarks/compose_bench.py               # small preset (+ SmolLM2 when importable)
     python benchmarks/compose_bench.py --quick       # fewer tokens and repeats
@@ -33,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "compose"))
 sys.path.insert(0, str(ROOT / "tests" / "models"))  # compose_helpers imports tinymodel
 GOALS = {"moe": 0.8, "router": 0.95}
+BASELINE = "base + 1 LoRA merged"
 
 
 def _prompt(tok) -> str:
@@ -48,35 +50,21 @@ def _prompt(tok) -> str:
     )
 
 
-def _time(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
-def _decode_time(model, enc, tokens: int, repeats: int) -> float:
-    """Median seconds per decode step: the prompt prefilled once (not timed), then `tokens` greedy steps of
-    one token each with the KV cache, as generate runs them."""
+def _decode_once(model, enc, tokens: int) -> float:
+    """Seconds per decode step: the prompt prefilled (not timed), then `tokens` greedy steps of one token
+    each with the KV cache, as generate runs them."""
     import torch
 
-    def steps():
-        with torch.inference_mode():
-            out = model(**enc, use_cache=True)
-            am = enc["attention_mask"]
+    with torch.inference_mode():
+        out = model(**enc, use_cache=True)
+        am = enc["attention_mask"]
+        ids = out.logits[:, -1:].argmax(-1)
+        t = time.perf_counter()
+        for _ in range(tokens):
+            am = torch.cat([am, am.new_ones(am.shape[0], 1)], 1)
+            out = model(input_ids=ids, attention_mask=am, past_key_values=out.past_key_values)
             ids = out.logits[:, -1:].argmax(-1)
-            t = time.perf_counter()
-            for _ in range(tokens):
-                am = torch.cat([am, am.new_ones(am.shape[0], 1)], 1)
-                out = model(input_ids=ids, attention_mask=am, past_key_values=out.past_key_values)
-                ids = out.logits[:, -1:].argmax(-1)
-            return (time.perf_counter() - t) / tokens
-
-    steps()  # warm-up
-    return statistics.median(steps() for _ in range(repeats))
+        return (time.perf_counter() - t) / tokens
 
 
 def bench_model(store, base_ref: str, label: str, tokens: int, repeats: int) -> list[dict]:
@@ -103,23 +91,12 @@ def bench_model(store, base_ref: str, label: str, tokens: int, repeats: int) -> 
         "do_sample": False,
         "pad_token_id": tok.pad_token_id,
     }
-    rows = []
-
     one = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base.path), arts[0].path / "adapter")
     one = one.merge_and_unload().eval()
-    with torch.inference_mode():
-        t_base = _time(lambda: one.generate(**enc, **gen), repeats)
-    d_base = _decode_time(one, enc, tokens, repeats)
-    rows.append(
-        {
-            "model": label,
-            "method": "base + 1 LoRA merged",
-            "tok_s": tokens / t_base,
-            "ratio": 1.0,
-            "decode_tok_s": 1 / d_base,
-            "decode_ratio": 1.0,
-        }
-    )
+    # method -> (one timed generate call, the model its decode steps run on, what to do before them)
+    runs: dict[str, tuple] = {
+        BASELINE: (lambda: one.generate(**enc, **gen), one, lambda: None),
+    }
     adapters = [a.uri for a in arts]
     for method in ("router", "moe", "merge"):
         cfg = {"method": method, "adapters": adapters, "base": base_ref}
@@ -138,20 +115,34 @@ def bench_model(store, base_ref: str, label: str, tokens: int, repeats: int) -> 
                 st = start(make_env("shop"), 0)
                 pol.route([st.messages])  # classifier pass + merge, once per conversation
                 pol.merger.apply({1: 1.0})
-                with torch.inference_mode():
-                    pol.model.generate(**enc, **gen)
+                pol.model.generate(**enc, **gen)
 
-            t = _time(run, repeats)
+            runs[method] = (run, pol.model, lambda pol=pol: pol.merger.apply({1: 1.0}))
         else:
+            runs[method] = (lambda pol=pol: pol.model.generate(**enc, **gen), pol.model, lambda: None)
+    # interleaved: every repeat times every method back to back, so a change in the machine's load (shared
+    # machines) moves all of them alike; the first round is a warm-up
+    gen_t: dict[str, list[float]] = {m: [] for m in runs}
+    dec_t: dict[str, list[float]] = {m: [] for m in runs}
+    for r in range(repeats + 1):
+        for m, (fn, model, prep) in runs.items():
             with torch.inference_mode():
-                t = _time(lambda pol=pol: pol.model.generate(**enc, **gen), repeats)
-        if method == "router":
-            pol.merger.apply({1: 1.0})
-        d = _decode_time(pol.model, enc, tokens, repeats)
+                t = time.perf_counter()
+                fn()
+                g = time.perf_counter() - t
+                prep()
+            d = _decode_once(model, enc, tokens)
+            if r:
+                gen_t[m].append(g)
+                dec_t[m].append(d)
+    t_base, d_base = statistics.median(gen_t[BASELINE]), statistics.median(dec_t[BASELINE])
+    rows = []
+    for m in runs:
+        t, d = statistics.median(gen_t[m]), statistics.median(dec_t[m])
         rows.append(
             {
                 "model": label,
-                "method": method,
+                "method": m,
                 "tok_s": tokens / t,
                 "ratio": t_base / t,
                 "decode_tok_s": 1 / d,

@@ -27,7 +27,7 @@ TAU2 = (
 def tau2_command(name: str, host: str, port: int, api_key: str | None) -> str:
     """The τ²-bench command for this server as the agent (key from $OPENAI_API_KEY, never in the args)."""
     args = {"api_base": f"http://{host}:{port}/v1", "temperature": 0.0}
-    key = "OPENAI_API_KEY=$TRACE_SERVE_API_KEY " if api_key else "OPENAI_API_KEY=none "
+    key = "OPENAI_API_KEY=KEY " if api_key else "OPENAI_API_KEY=none "  # KEY: this server's --api-key
     return (
         f"{key}tau2 run --domain retail --agent-llm openai/{name} --agent-llm-args '{json.dumps(args)}' "
         '--user-llm openai/USER --user-llm-args \'{"api_base": "http://127.0.0.1:PORT2/v1", '
