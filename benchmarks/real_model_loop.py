@@ -1,0 +1,334 @@
+#!/usr/bin/env python
+"""The whole loop on a real pretrained model (issue 26; a benchmark, not CI): SmolLM2-135M-Instruct import -> LoRA SFT on
+shop demonstrations -> eval on held-out shop seeds -> diagnose its own shop rollouts -> synthesize + calibrate the
+top selected capability on it -> GRPO adapter (>= 256 rollouts, the calibration's episodes reused as its first
+steps) -> eval the SFT model ("base") and base + adapter on held-out seeds of that environment and on the shop.
+
+Every step goes through the stages `trace` runs, in one store (a rerun skips what is up to date). Prints a table and
+writes benchmarks/results/real_model_loop.json with the commit, the command, every stage's wall time and config,
+and the acceptance: adapter success on its environment >= base + 0.10 (200 held-out seeds), shop pass@1 of both.
+
+    OMP_NUM_THREADS=1 python benchmarks/real_model_loop.py                 # ~7-9 h on one thread (see --dry-run)
+    python benchmarks/real_model_loop.py --dry-run                         # the plan, checked against the schemas
+    OMP_NUM_THREADS=1 python benchmarks/real_model_loop.py --demos 8 --shop-eval-seeds 4 --env-eval-seeds 4 \\
+        --diag-rollouts 8 --cal-seeds 2 --cal-rollouts 4 --rollouts 16 --episodes-per-step 8   # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from common import REPO, RESULTS, Stages, command, machine, print_table, write_result
+
+SHOP_TRAIN = 100000  # SFT demonstrations: shop seeds SHOP_TRAIN:SHOP_TRAIN+demos
+SHOP_DIAG = 200000  # the diagnosis's own rollouts: shop seeds SHOP_DIAG:SHOP_DIAG+diag_rollouts
+ENV_TRAIN = 100000  # GRPO seeds of the synthesized environment (its calibration seeds lie in the same range)
+HELD_OUT = 0  # evaluation: seeds HELD_OUT:HELD_OUT+N of the shop and of the synthesized environment
+GOAL_DELTA = 0.10
+# per-episode cost on one thread of the shared 2-core CPU (measured: SFT 20 s/demonstration, eval ~30 s/episode
+# at batch 10 with KV reuse, GRPO ~18 cpu-s/episode after issue 26), for --dry-run's estimate
+EST_S = {"sft": 20.0, "eval": 30.0, "calibrate": 30.0, "grpo": 25.0}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--store", type=Path, default=Path("/tmp/real-model-loop/store"))
+    ap.add_argument("--demos", type=int, default=160, help="SFT demonstrations (one per shop seed)")
+    ap.add_argument("--shop-eval-seeds", type=int, default=100, help="held-out shop seeds 0:N")
+    ap.add_argument(
+        "--env-eval-seeds", type=int, default=200, help="held-out seeds 0:N of the new environment"
+    )
+    ap.add_argument("--diag-rollouts", type=int, default=100, help="shop rollouts the diagnosis reads")
+    ap.add_argument("--cal-seeds", type=int, default=16, help="calibration: N seeds (groups)")
+    ap.add_argument("--cal-rollouts", type=int, default=8, help="calibration: K rollouts per seed")
+    ap.add_argument("--rollouts", type=int, default=256, help="GRPO training rollouts (at least)")
+    ap.add_argument("--num-generations", type=int, default=8)
+    ap.add_argument("--episodes-per-step", type=int, default=16)
+    ap.add_argument("--learning-rate", type=float, default=1e-5)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--max-turns", type=int, default=12)
+    ap.add_argument("--eval-batch", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dry-run", action="store_true", help="print the plan (configs checked by the schemas)")
+    ap.add_argument("--out", type=Path, default=RESULTS / "real_model_loop.json")
+    a = ap.parse_args(argv)
+    if a.episodes_per_step % a.num_generations:
+        ap.error("--episodes-per-step must be a multiple of --num-generations")
+    return a
+
+
+def grpo_steps(rollouts: int, per_step: int) -> int:
+    """Optimizer steps for at least `rollouts` training episodes."""
+    return max(1, math.ceil(rollouts / per_step))
+
+
+def reuse_steps(calibration_episodes: int, per_step: int, steps: int) -> int:
+    """First GRPO steps taken from the calibration's episodes (whole steps only, never more than the run)."""
+    return min(steps, calibration_episodes // per_step)
+
+
+def configs(
+    a, base: str, sft: str, diag_rollouts: str, diagnosis: str, cap: str, env: str
+) -> dict[str, dict]:
+    """Every stage config of the loop, given the artifacts' URIs (placeholders in --dry-run)."""
+    ev = {"max_new_tokens": a.max_new_tokens, "batch_size": a.eval_batch, "max_turns": a.max_turns}
+    steps = grpo_steps(a.rollouts, a.episodes_per_step)
+    cal = a.cal_seeds * a.cal_rollouts
+    return {
+        "import": {"source": "smollm2-135m-instruct"},
+        "sft": {
+            "method": "sft",
+            "env": "shop",
+            "model": base,
+            "seeds": f"{SHOP_TRAIN}:{SHOP_TRAIN + a.demos}",
+            "batch_size": 1,
+            "seed": a.seed,
+        },
+        "shop_eval_base": {
+            "model": sft,
+            "env": "shop",
+            "seeds": f"{HELD_OUT}:{HELD_OUT + a.shop_eval_seeds}",
+            **ev,
+        },
+        "diag_rollouts": {
+            "model": sft,
+            "env": "shop",
+            "seeds": f"{SHOP_DIAG}:{SHOP_DIAG + a.diag_rollouts}",
+            **ev,
+        },
+        "diagnose": {"rollouts": diag_rollouts, "analyst": "rules", "seed": a.seed},
+        "synthesize": {
+            "diagnosis": diagnosis,
+            "capability": cap,
+            "target": "shop",
+            "tools": "needed",
+            "model": sft,
+            "seed": a.seed,
+            "max_turns": a.max_turns,  # calibration samples as GRPO does, so its episodes can be reused
+            "calibration": {
+                "seeds": a.cal_seeds,
+                "rollouts": a.cal_rollouts,
+                "max_new_tokens": a.max_new_tokens,
+                "max_completion_length": 1024,
+                "tokens": True,
+            },
+        },
+        "grpo": {
+            "method": "grpo",
+            "env": env,
+            "model": sft,
+            "seeds": f"{ENV_TRAIN}:{ENV_TRAIN + 100000}",
+            "seed": a.seed,
+            "max_steps": steps,
+            "num_generations": a.num_generations,
+            "per_device_batch_size": a.episodes_per_step,
+            "gradient_accumulation_steps": 1,
+            "learning_rate": a.learning_rate,
+            "max_new_tokens": a.max_new_tokens,
+            "max_completion_length": 1024,
+            "max_turns": a.max_turns,
+            "reuse_calibration": reuse_steps(cal, a.episodes_per_step, steps),
+            "checkpoint_every": 4,  # a stopped run resumes (not part of the artifact id)
+            "require_learning": False,  # no learning is a result here, not an error
+        },
+        "env_eval_base": {
+            "model": sft,
+            "env": env,
+            "seeds": f"{HELD_OUT}:{HELD_OUT + a.env_eval_seeds}",
+            **ev,
+        },
+        "env_eval_adapter": {
+            "model": "ADAPTER",
+            "env": env,
+            "seeds": f"{HELD_OUT}:{HELD_OUT + a.env_eval_seeds}",
+            **ev,
+        },
+        "shop_eval_adapter": {
+            "model": "ADAPTER",
+            "env": "shop",
+            "seeds": f"{HELD_OUT}:{HELD_OUT + a.shop_eval_seeds}",
+            **ev,
+        },
+    }
+
+
+STAGE_OF = {
+    "import": "model",
+    "sft": "train",
+    "shop_eval_base": "eval",
+    "diag_rollouts": "eval",
+    "diagnose": "diagnose",
+    "synthesize": "synthesize",
+    "grpo": "train",
+    "env_eval_base": "eval",
+    "env_eval_adapter": "eval",
+    "shop_eval_adapter": "eval",
+}
+
+
+def estimate_s(a) -> dict[str, float]:
+    """Rough wall seconds per step on one thread of the shared CPU (EST_S per episode)."""
+    steps = grpo_steps(a.rollouts, a.episodes_per_step)
+    cal = a.cal_seeds * a.cal_rollouts
+    fresh = max(0, steps - reuse_steps(cal, a.episodes_per_step, steps)) * a.episodes_per_step
+    return {
+        "sft": a.demos * EST_S["sft"],
+        "evals": (2 * a.shop_eval_seeds + 2 * a.env_eval_seeds + a.diag_rollouts) * EST_S["eval"],
+        "calibration": cal * EST_S["calibrate"],
+        "grpo": fresh * EST_S["grpo"],
+    }
+
+
+def summarize(res: dict[str, Any]) -> dict[str, Any]:
+    """The acceptance of issue 26 from the four evaluations."""
+    env_b, env_a = res["env_eval_base"]["pass@1"], res["env_eval_adapter"]["pass@1"]
+    shop_b, shop_a = res["shop_eval_base"]["pass@1"], res["shop_eval_adapter"]["pass@1"]
+    delta = round(env_a - env_b, 4)
+    return {
+        "env_success_base": env_b,
+        "env_success_adapter": env_a,
+        "env_delta": delta,
+        "shop_pass@1_base": shop_b,
+        "shop_pass@1_adapter": shop_a,
+        "shop_delta": round(shop_a - shop_b, 4),
+        "goal_delta": GOAL_DELTA,
+        "meets_goal": delta >= GOAL_DELTA,
+    }
+
+
+def dry_run(a) -> int:
+    from trace_cli.config.schemas import stage_config_schemas, validate
+    from trace_cli.stages.train import _method_config
+
+    cfgs = configs(
+        a,
+        "store://model/smollm2",
+        "store://model/smollm2-sft",
+        "store://rollouts/diag",
+        "store://diagnosis/diag",
+        "CAPABILITY",
+        "store://environment/env",
+    )
+    schemas = stage_config_schemas()
+    for label, cfg in cfgs.items():
+        stage = STAGE_OF[label]
+        if stage == "train":
+            _method_config(dict(cfg))  # the train stage's own checks and defaults
+        else:
+            validate(cfg, schemas[stage], source=label)
+        print(f"{label:<18} {stage:<10} {cfg}")
+    est = estimate_s(a)
+    total = sum(est.values())
+    print(
+        "\nestimate (one thread, shared CPU): "
+        + ", ".join(f"{k} {v / 3600:.1f} h" for k, v in est.items())
+        + f"; total {total / 3600:.1f} h"
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    if a.dry_run:
+        return dry_run(a)
+    import torch
+
+    torch.set_num_threads(a.threads)
+    os.environ.setdefault("TRACE_NO_PROGRESS", "1")
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    stages = Stages(a.store)
+    res: dict[str, Any] = {
+        "benchmark": "real_model_loop",
+        "command": command(),
+        "commit": subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True
+        ).stdout.strip(),
+        "machine": machine("torch", "trl", "transformers", "peft"),
+        "params": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
+        "configs": {},
+    }
+    t_all = time.monotonic()
+
+    def step(label: str, cfg: dict[str, Any], name: str | None = None):
+        res["configs"][label] = cfg
+        out = stages.run(label, STAGE_OF[label], cfg, name=name)
+        res[f"{label}_s"] = stages.timings[label]
+        return out
+
+    def evaluate(label: str, cfg: dict[str, Any]) -> dict[str, Any]:
+        out = step(label, cfg)
+        ev = out.outputs["eval"].summary
+        res[label] = {
+            "pass@1": ev["pass@1"],
+            "episodes": ev["episodes"],
+            "rollouts": out.outputs["rollouts"].uri,
+        }
+        return res[label]
+
+    def save() -> None:
+        res["total_s"] = round(time.monotonic() - t_all, 1)
+        write_result(a.out, res)
+
+    base = step("import", {"source": "smollm2-135m-instruct"}, name="smollm2").main
+    sft_cfg = configs(a, base.uri, "", "", "", "", "")["sft"]
+    sft = step("sft", sft_cfg, name="smollm2-sft").main
+    res["sft"] = sft.summary
+    plan = configs(a, base.uri, sft.uri, "", "", "", "")
+    evaluate("shop_eval_base", plan["shop_eval_base"])
+    save()
+    ro = step("diag_rollouts", plan["diag_rollouts"]).outputs["rollouts"]
+    plan = configs(a, base.uri, sft.uri, ro.uri, "", "", "")
+    diag = step("diagnose", plan["diagnose"]).outputs["diagnosis"]
+    selected = list(diag.summary.get("selected") or [])
+    res["selected"] = selected
+    if not selected:
+        res["error"] = "the diagnosis selected no capability"
+        save()
+        print(res["error"], file=sys.stderr)
+        return 1
+    cap = selected[0]
+    plan = configs(a, base.uri, sft.uri, ro.uri, diag.uri, cap, "")
+    env = step("synthesize", plan["synthesize"]).outputs["environment"]
+    res["environment"] = {"uri": env.uri, "capability": cap, "calibration": env.summary.get("calibration")}
+    plan = configs(a, base.uri, sft.uri, ro.uri, diag.uri, cap, env.uri)
+    save()
+    adapter = step("grpo", plan["grpo"]).outputs["adapter"]
+    res["grpo"] = adapter.summary
+    evaluate("env_eval_base", plan["env_eval_base"])
+    evaluate("env_eval_adapter", {**plan["env_eval_adapter"], "model": adapter.uri})
+    evaluate("shop_eval_adapter", {**plan["shop_eval_adapter"], "model": adapter.uri})
+    res["acceptance"] = summarize(res)
+    save()
+    acc = res["acceptance"]
+    print()
+    print_table(
+        ["", "base (SFT)", "base + adapter", "delta"],
+        [
+            [
+                f"{cap} env success ({a.env_eval_seeds} seeds)",
+                acc["env_success_base"],
+                acc["env_success_adapter"],
+                acc["env_delta"],
+            ],
+            [
+                f"shop pass@1 ({a.shop_eval_seeds} seeds)",
+                acc["shop_pass@1_base"],
+                acc["shop_pass@1_adapter"],
+                acc["shop_delta"],
+            ],
+        ],
+    )
+    print(f"goal: env delta >= {GOAL_DELTA}: {'met' if acc['meets_goal'] else 'NOT met'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
