@@ -190,6 +190,11 @@ def create_app(engine: Engine, *, api_key: str | None = None, default_max_tokens
     async def _request_error(request: Request, exc: RequestError):
         return _err(exc.status, exc.message, exc.param, exc.code)
 
+    @app.exception_handler(Exception)
+    async def _server_error(request: Request, exc: Exception):
+        log.error("request failed: %s: %s", type(exc).__name__, exc)
+        return _err(500, f"generation failed: {type(exc).__name__}: {exc}")
+
     @app.get("/v1/models")
     async def models():
         return {

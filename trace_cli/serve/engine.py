@@ -218,6 +218,7 @@ class Job:
     close_json: bool = False  # forced call: end when the arguments' JSON object closes
     _gen: Any = None
     _forced_len: int = 0
+    _forced_done: bool = False
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -477,18 +478,21 @@ class Engine:
         for r, j in enumerate(rows):
             k = len(j.ids)
             tok = greedy[r]
-            if j.forced and k < max(len(c) for c in j.forced):
+            nxt: list[int] = []
+            if j.forced and not j._forced_done:
+                # the call's start: the token every candidate left agrees on, else the model's pick among them
                 live = [c for c in j.forced if len(c) > k and c[:k] == j.ids]
-                nxt = sorted({c[k] for c in live}) or [tok]
+                nxt = sorted({c[k] for c in live})
                 if len(nxt) == 1:
                     tok = nxt[0]
-                else:
+                elif nxt:
                     row = logits[r, nxt]
                     tok = nxt[_pick(row, j) if j.temperature > 0 else int(row.argmax())]
-                if all(len(c) == k + 1 for c in live if c[k] == tok):
+                if not nxt or all(len(c) == k + 1 for c in live if c[k] == tok):
+                    j._forced_done = True  # the model writes the rest (the arguments)
                     j.close_json = self._closes_json()
-                    j._forced_len = k + 1
-            elif j.temperature > 0:
+                    j._forced_len = k + 1 if nxt else k
+            if not nxt and j.temperature > 0:
                 tok = _sample(logits[r], j, torch)
             j.ids.append(tok)
             self.tokens += 1
