@@ -372,16 +372,16 @@ def shared_prompt_logps(
     the cheap way for GRPO groups:
 
       * rows with the same prompt (a group: TRL's prompts are left-padded copies) run that prompt once, unpadded;
-        the group's completions then run against its keys/values (expanded, so the gradient reaching the
-        prompt from every row is summed, as in a padded forward of each row);
-      * completions run unpadded on the left (right padding sits after every real token, so a causal model's
-        real positions never see it);
+        the group's completions then run against its keys/values (shared, so the gradient reaching the prompt
+        from every row is summed, as in a padded forward of each row);
+      * each completion runs on its own, unpadded, up to its last scored token (causal: later tokens and the
+        right padding cannot change an earlier position);
       * the LM head and log-softmax run only on the scored positions (`score_mask`: TRL's tool mask, 0 on
         environment tokens; else every real completion token), in chunks (`chunked_logps`), never on the prompt.
 
     On a CPU this runs a shop group's ~1,000-token prompt once instead of `num_generations` times and skips the
     vocabulary-wide head over ~2/3 of the positions; the numbers are those of a padded forward (float rounding
-    aside: tested against TRL's path)."""
+    aside: tested against a padded forward)."""
     import torch
     from transformers import DynamicCache
 
@@ -396,28 +396,34 @@ def shared_prompt_logps(
     groups: dict[tuple[int, ...], list[int]] = {}
     for i in range(n):
         groups.setdefault(tuple(prompt_ids[i][p_mask[i]].tolist()), []).append(i)
-    logps = torch.zeros((n, logits_to_keep), dtype=torch.float32, device=input_ids.device)
-    ents = torch.zeros_like(logps) if entropy else None
+    dev = input_ids.device
+    lp_rows: list[Any] = [torch.zeros(logits_to_keep, dtype=torch.float32, device=dev)] * n
+    ent_rows: list[Any] = list(lp_rows)
     for prompt, rows in groups.items():
-        idx = torch.tensor(rows, dtype=torch.long, device=input_ids.device)
-        lens = c_mask[idx].sum(dim=1)
-        cw = int(lens.max()) if len(rows) else 0
-        if cw == 0 or not bool(scored[idx].any()):
+        # a row is run up to its last scored token: what follows cannot change an earlier position (causal)
+        ends = {r: int(scored[r].nonzero().max()) + 1 for r in rows if bool(scored[r].any())}
+        if not ends:
             continue
-        p = torch.tensor([prompt], dtype=torch.long, device=input_ids.device)
-        out = backbone(input_ids=p, past_key_values=DynamicCache(), use_cache=True)
-        h_last = out.last_hidden_state[:, -1:]  # predicts each row's first completion token
-        layers = [(k.expand(len(rows), -1, -1, -1), v.expand(len(rows), -1, -1, -1)) for k, v in _kv(out)]
-        comp = comp_ids[idx, :cw]
-        h = backbone(input_ids=comp, past_key_values=DynamicCache(layers), use_cache=True).last_hidden_state
-        pred = torch.cat([h_last.expand(len(rows), -1, -1), h[:, :-1]], dim=1)  # position t predicts token t
-        sel = scored[idx, :cw]
-        lp, en = chunked_logps(pred[sel], head.weight, head.bias, comp[sel], temperature, entropy)
-        block = torch.zeros((len(rows), cw), dtype=lp.dtype, device=lp.device).masked_scatter(sel, lp)
-        logps = logps.index_put((idx,), torch.nn.functional.pad(block, (0, logits_to_keep - cw)))
-        if entropy:
-            eb = torch.zeros((len(rows), cw), dtype=en.dtype, device=en.device).masked_scatter(sel, en)
-            ents[idx] = torch.nn.functional.pad(eb, (0, logits_to_keep - cw))
+        out = backbone(
+            input_ids=torch.tensor([prompt], device=dev), past_key_values=DynamicCache(), use_cache=True
+        )
+        h_last = out.last_hidden_state[0, -1:]  # predicts each row's first completion token
+        kv = _kv(out)
+        for r, end in ends.items():
+            comp = comp_ids[r, :end]
+            # each row on its own, unpadded, against the prompt's keys/values (shared: their gradients add up)
+            h = backbone(
+                input_ids=comp[None], past_key_values=DynamicCache(kv), use_cache=True
+            ).last_hidden_state
+            pred = torch.cat([h_last, h[0, :-1]])  # position t predicts token t
+            sel = scored[r, :end]
+            lp, en = chunked_logps(pred[sel], head.weight, head.bias, comp[sel], temperature, entropy)
+            pad = (0, logits_to_keep - end)
+            lp_rows[r] = torch.nn.functional.pad(lp.new_zeros(end).masked_scatter(sel, lp), pad)
+            if entropy:
+                ent_rows[r] = torch.nn.functional.pad(en.new_zeros(end).masked_scatter(sel, en), pad)
+    logps = torch.stack(lp_rows)
+    ents = torch.stack(ent_rows) if entropy else None
     if torch.is_grad_enabled() and not logps.requires_grad:
         # nothing scored (every group dropped): the loss must still reach the trainable parameters, as zero
         anchor = next((q for q in model.parameters() if q.requires_grad), None)
