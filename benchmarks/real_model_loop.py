@@ -129,8 +129,10 @@ def configs(
             "seed": a.seed,
             "max_steps": steps,
             "num_generations": a.num_generations,
-            "per_device_batch_size": a.episodes_per_step,
-            "gradient_accumulation_steps": 1,
+            # one group per micro-step: its prompt runs once and the step's activations stay ~5 GB on a CPU;
+            # the step's episodes are generated together (TRL generates per optimizer step)
+            "per_device_batch_size": a.num_generations,
+            "gradient_accumulation_steps": a.episodes_per_step // a.num_generations,
             "learning_rate": a.learning_rate,
             "max_new_tokens": a.max_new_tokens,
             "max_completion_length": 1024,
