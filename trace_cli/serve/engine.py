@@ -233,7 +233,10 @@ class Engine:
         self.model = policy.model
         self.tok = policy.tok
         self.window_s = window_s  # kept for the CLI option: admission happens between tokens anyway
-        self.max_batch = max_batch
+        # a sliding-window layer's cache keeps only its window, which the batch's left-padded join and trim do
+        # not follow: such a model decodes one request at a time (still streamed, stopped, cancellable)
+        self.sliding = _has_sliding_layers(self.model.config)
+        self.max_batch = 1 if self.sliding else max_batch
         self.eos_id = list(policy.eos)  # every stop token of the model (tokenizer + generation config)
         self.parse = getattr(policy, "parse", None)
         self.tool_format = getattr(policy, "tool_format", None) or "hermes"
@@ -551,6 +554,12 @@ class Engine:
             layer.values = layer.values.index_select(0, idx.to(layer.values.device))[:, :, start:]
         if self._trace is not None:
             self._trace.select_rows(idx)
+
+
+def _has_sliding_layers(config) -> bool:
+    get = getattr(config, "get_text_config", None)
+    c = get() if callable(get) else config
+    return any("sliding" in str(t) for t in getattr(c, "layer_types", None) or [])
 
 
 def _join(cache, mask, new_cache, new_mask):
