@@ -28,8 +28,10 @@ micro-step, gradient checkpointing on: 4 or more OOMed at 24 GB); "after" is thi
 micro-step, no checkpointing). Reported: wall and process-CPU seconds per episode, split into rollout and
 training, episode tokens, peak memory. Goal (issue 26): <= 10 s per shop-length episode.
 
-    OMP_NUM_THREADS=1 python benchmarks/train_bench.py --model smollm2                    # ~15 min, 1 thread
-    OMP_NUM_THREADS=2 python benchmarks/train_bench.py --model smollm2 --threads 2
+    OMP_NUM_THREADS=1 python benchmarks/train_bench.py --model smollm2 --episodes 8     # ~40 min, mostly "before"
+    OMP_NUM_THREADS=2 python benchmarks/train_bench.py --model smollm2 --episodes 8 --threads 2
+On a CPU shared with other jobs, 2 threads spin and wait for each other: measured 2026-12-04 at load 5 on 2 cores,
+"before" took 232 s/episode wall (179 cpu-s) with 2 threads against ~91 cpu-s with one; compare cpu-s there.
 """
 
 from __future__ import annotations
@@ -609,13 +611,10 @@ def smollm2_main(args) -> int:
         sides.append(("before", src, smollm2_settings(args, micro=micro, checkpointing=True)))
     after = smollm2_settings(args, micro=args.num_generations, checkpointing=False)
     sides.append(("after", REPO, after))
-    runs = []
-    for label, src, settings in sides:
-        log(f"{label}: one GRPO step of {args.episodes} shop episodes ({src})")
-        r = smollm2_side(args, label, src, model_dir, work, settings)
-        r.update(per_episode(r))
-        runs.append(r)
-        log(f"{label}: {r['s_per_episode']:.1f} s/episode ({r['cpu_s_per_episode']:.1f} cpu-s)")
+    runs: list[dict[str, Any]] = []
+    out_path = (
+        args.out if args.out != str(RESULTS / "train_bench.json") else RESULTS / "train_bench_smollm2.json"
+    )
     res = {
         "benchmark": "train_bench_smollm2",
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -632,6 +631,15 @@ def smollm2_main(args) -> int:
         "goal_s_per_episode": SMOL_GOAL_S,
         "runs": runs,
     }
+    for label, src, settings in sides:
+        log(f"{label}: one GRPO step of {args.episodes} shop episodes ({src})")
+        r = smollm2_side(args, label, src, model_dir, work, settings)
+        r.update(per_episode(r))
+        runs.append(r)
+        log(f"{label}: {r['s_per_episode']:.1f} s/episode ({r['cpu_s_per_episode']:.1f} cpu-s)")
+        write_result(
+            out_path, {**res, "partial": len(runs) < len(sides)}
+        )  # a side is kept if a later one dies
     by = {r["label"]: r for r in runs}
     if "before" in by:
         res["speedup"] = {
@@ -645,10 +653,7 @@ def smollm2_main(args) -> int:
             if by["after"][k] > 0
         }
     res["meets_goal"] = by["after"]["s_per_episode"] <= SMOL_GOAL_S
-    out = write_result(
-        args.out if args.out != str(RESULTS / "train_bench.json") else RESULTS / "train_bench_smollm2.json",
-        res,
-    )
+    out = write_result(out_path, {**res, "partial": False})
     print_smollm2(res)
     log(f"wrote {out}")
     return 0
