@@ -184,3 +184,33 @@ def test_a_recipe_over_the_document_limit_is_refused_from_its_size(tmp_path, mon
     with pytest.raises(InputError, match="config and recipe files are limited to 4 MiB") as e:
         load_document(f)
     assert "alias" not in str(e.value)
+
+
+def test_a_digest_that_looks_like_an_exponent_survives_a_dump_and_load(tmp_path):
+    """An artifact id such as '748028e155117613' (digits, 'e', digits) is written quoted, so the loader (which
+    reads 1e-5 as a float) gets the string back: a manifest with such an id was read as 'id: inf'."""
+    import yaml
+
+    from trace_cli.store.artifacts import read_manifest
+    from trace_cli.store.commit import write_manifest
+
+    doc = {"id": "748028e155117613", "lr": 1e-05, "seed": "12"}
+    assert safe_yaml.load(yaml.safe_dump(doc).encode()) == doc
+    manifest = {
+        "kind": "adapter",
+        "id": "748028e155117613",
+        "schema_version": 1,
+        "stage": "train",
+        "files": [],
+        "inputs": [],
+        "config": {},
+        "summary": {},
+    }
+    write_manifest(tmp_path / "manifest.yaml", manifest)
+    assert "'748028e155117613'" in (tmp_path / "manifest.yaml").read_text()
+    try:
+        got = read_manifest(tmp_path / "manifest.yaml")
+    except Exception as e:  # other required keys of a real manifest: the id must not be the complaint
+        assert "id" not in str(e).split("mistyped:")[-1].split(")")[0].split(", "), e
+    else:
+        assert got["id"] == "748028e155117613"

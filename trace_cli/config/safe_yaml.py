@@ -63,11 +63,11 @@ class SafeLoader(_Base):  # type: ignore[misc,valid-type]
         return super().construct_mapping(node, deep=deep)
 
 
-SafeLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
+_EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+SafeLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))
+# ...and every yaml.safe_dump quotes a string of that form (an artifact id such as '748028e155117613'), which
+# PyYAML's own resolver would write plain and this loader would read back as a float (inf)
+yaml.SafeDumper.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))
 
 
 def _check_shape(root: Node | None) -> None:

@@ -30,6 +30,8 @@ _RENAME_EXCHANGE = 2
 
 def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
     """Write `path` atomically and durably (temp file, fsync, rename)."""
+    from trace_cli.config import safe_yaml  # noqa: F401  (safe_dump then quotes ids such as '748028e155117613')
+
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write(yaml.safe_dump(manifest, sort_keys=False, allow_unicode=True))
