@@ -457,27 +457,22 @@ def run_trace(
                     r[f"routing{sfx}"] = e["routing"]
             r[f"trace{sfx}"] = r[f"moe{sfx}"]
             if last:  # single adapters: chosen on validation seeds, measured on the test seeds
-                val = {
-                    c: b.eval(
-                        f"{target}/trace/val/{c}/{B}/{seed}",
-                        adapters[c].uri,
-                        target,
-                        a.validation,
-                        max_turns=mt,
-                    )
-                    for c in order
-                }
+
+                def alone(kind: str, seeds: str, B=B, adapters=adapters) -> dict[str, dict[str, Any]]:
+                    """Each adapter on its own, on these target seeds."""
+                    return {
+                        c: b.eval(
+                            f"{target}/trace/{kind}/{c}/{B}/{seed}",
+                            adapters[c].uri,
+                            target,
+                            seeds,
+                            max_turns=mt,
+                        )
+                        for c in order
+                    }
+
+                val, experts = alone("val", a.validation), alone("eval", a.held_out)
                 best = max(order, key=lambda c: val[c]["pass@1"])
-                experts = {
-                    c: b.eval(
-                        f"{target}/trace/eval/{c}/{B}/{seed}",
-                        adapters[c].uri,
-                        target,
-                        a.held_out,
-                        max_turns=mt,
-                    )
-                    for c in order
-                }
                 r["experts"] = {c: e["pass@1"] for c, e in experts.items()}
                 r["experts_validation"] = {c: v["pass@1"] for c, v in val.items()}
                 r["single_best"] = {
@@ -567,7 +562,7 @@ def family_table(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     top = max(r["budget"] for r in runs)
     rs = [r for r in runs if r["budget"] == top]
     out: dict[str, dict[str, float]] = {}
-    for m in ("base", "grpo_target", "router", "moe", "merge"):
+    for m in ("base", "grpo_target", "router", "moe", "merge", "router_train", "moe_train"):
         per = [r.get(f"families_{m}") for r in rs if r.get(f"families_{m}")]
         if not per:
             continue
