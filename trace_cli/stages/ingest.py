@@ -111,7 +111,8 @@ def _run(prepared: Prepared, store: Store, *, name, overrides, replace) -> dict[
     except RecursionError as e:  # a value nested deeper than the parsers/validator can recurse
         raise InputError(f"{path}: {TOO_DEEP}", hint=TOO_DEEP_FIX) from e
     except InputError as e:
-        if cfg["format"] == "tau2" and _is_jsonl(path):
+        # (a file that is not UTF-8 text keeps its own message: it names the first bad byte)
+        if cfg["format"] == "tau2" and "not a UTF-8 text file" not in str(e) and _is_jsonl(path):
             raise InputError(
                 f"{path}: looks like JSON Lines (one JSON object per line), not a τ²-bench results file "
                 "(one JSON object with `info`, `tasks` and `simulations`)",
