@@ -247,6 +247,7 @@ class Engine:
         self._trace = routing.get("trace") if isinstance(routing, dict) else None
         self._inbox: queue.Queue[Job] = queue.Queue()
         self._waiting: list[Job] = []
+        self._prefilling = 0
         self._rows: list[Job] = []
         self._cache = None
         self._mask = None  # (B, L) 1 for real tokens of the running batch's cache
@@ -295,7 +296,7 @@ class Engine:
 
     def stats(self) -> dict[str, int]:
         return {
-            "running": len(self._rows),
+            "running": len(self._rows) + self._prefilling,
             "waiting": len(self._waiting) + self._inbox.qsize(),
             "steps": self.steps,
             "tokens": self.tokens,
@@ -394,6 +395,9 @@ class Engine:
             return
         taken = {id(j) for j in group}
         self._waiting = [j for j in self._waiting if id(j) not in taken]
+        # counted as running from their first chunk on (the prefill may take a while): /stats never shows a
+        # request that has started streaming as neither waiting nor running
+        self._prefilling = len(group)
         for j in group:
             j.emit(("start", j.route))
         try:
@@ -401,6 +405,8 @@ class Engine:
         except Exception as e:  # noqa: BLE001 - these requests fail (HTTP 500); the running batch goes on
             for j in group:
                 j.emit(("error", e))
+        finally:
+            self._prefilling = 0
 
     def _device(self):
         return next(self.model.parameters()).device
