@@ -175,6 +175,7 @@ def test_target_conversations_are_labelled_with_the_expert_they_lack(deficient_r
     assert by_family["exchange"].count(2) >= 0.8 * len(by_family["exchange"]), by_family
 
 
+@pytest.mark.slow  # 150 gate steps: ~1-2 min
 def test_gates_learn_need_labels_and_are_scored_on_the_agents_own_held_out_conversations(
     composed_store, deficient_rollouts
 ):
