@@ -1,7 +1,8 @@
 """Train the MoE gates on labelled transcripts and measure routing accuracy on held-out turns.
 
 A transcript from a capability's environment is labelled with that expert's slot, one from the target
-environment with slot 0 (base). Every token after the system prompt carries the label; the loss is the
+environment with the slot of the expert whose capability it lacks, or 0 (base) when it lacks none of theirs
+(stages.compose labels them). Every token after the system prompt carries the label; the loss is the
 cross-entropy of every gate's logits against it (class-balanced, averaged over layers) plus a small Switch
 load-balancing term. Base model and LoRA experts stay frozen; only the gates train.
 

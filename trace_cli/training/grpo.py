@@ -466,16 +466,8 @@ def make_rollout_func(spec: GRPOSpec, tokenizer, max_context: int, state: dict[s
         eps = replay[start : start + n]
         state["replayed"] = start + n
         state["replayed_steps"] = state.get("replayed_steps", 0) + 1
-        return {
-            "prompt_ids": [list(e["prompt_ids"]) for e in eps],
-            "completion_ids": [list(e["completion_ids"]) for e in eps],
-            "env_mask": [list(e["env_mask"]) for e in eps],
-            "logprobs": None,
-            "env_reward": [float(e["reward"]) for e in eps],
-            "env_success": [float(e["success"]) for e in eps],
-            "env_turns": [float(e["n_actions"]) for e in eps],
-            "env_max_length": [float(e["termination"] == "max_length") for e in eps],
-        }
+        outcomes = [(e["reward"], e["success"], e["n_actions"], e["termination"]) for e in eps]
+        return rollout_columns(eps, outcomes, logprobs=False)
 
     def rollout_func(prompts: list, trainer) -> dict[str, list]:
         from trl.models.utils import unwrap_model_for_generation
@@ -516,18 +508,27 @@ def make_rollout_func(spec: GRPOSpec, tokenizer, max_context: int, state: dict[s
         state["rollout_s"] = state.get("rollout_s", 0.0) + time.monotonic() - t0
         state["episodes"] = state.get("episodes", 0) + len(results)
         state["gen_tokens"] = state.get("gen_tokens", 0) + sum(r.gen_tokens for r in results)
-        return {
-            "prompt_ids": [s["prompt_ids"] for s in seqs],
-            "completion_ids": [s["completion_ids"] for s in seqs],
-            "env_mask": [s["env_mask"] for s in seqs],
-            "logprobs": [s["logprobs"] for s in seqs] if spec.use_vllm else None,
-            "env_reward": [r.reward for r in results],
-            "env_success": [float(r.success) for r in results],
-            "env_turns": [float(r.n_actions) for r in results],
-            "env_max_length": [float(r.termination == "max_length") for r in results],
-        }
+        outcomes = [(r.reward, r.success, r.n_actions, r.termination) for r in results]
+        return rollout_columns(seqs, outcomes, logprobs=spec.use_vllm)
 
     return rollout_func
+
+
+def rollout_columns(
+    seqs: Sequence[Mapping[str, Any]], outcomes: Sequence[tuple[float, bool, int, str]], *, logprobs: bool
+) -> dict[str, list]:
+    """What rollout_func returns to TRL for episodes given as token sequences (prompt_ids, completion_ids,
+    env_mask[, logprobs]) and their (reward, success, actions, termination): generated or replayed alike."""
+    return {
+        "prompt_ids": [list(s["prompt_ids"]) for s in seqs],
+        "completion_ids": [list(s["completion_ids"]) for s in seqs],
+        "env_mask": [list(s["env_mask"]) for s in seqs],
+        "logprobs": [s["logprobs"] for s in seqs] if logprobs else None,
+        "env_reward": [float(r) for r, _, _, _ in outcomes],
+        "env_success": [float(ok) for _, ok, _, _ in outcomes],
+        "env_turns": [float(n) for _, _, n, _ in outcomes],
+        "env_max_length": [float(t == "max_length") for _, _, _, t in outcomes],
+    }
 
 
 def make_reward_func(holder: dict[str, Any]):

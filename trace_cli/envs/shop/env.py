@@ -273,10 +273,7 @@ class ShopMixedEnv(ShopEnv):
         super().__init__(max_turns=max_turns, n_orders=n_orders, tool_set=tool_set)
 
     def family_for_seed(self, seed: int) -> str:
-        return "mixed"  # the family is drawn with the task
-
-    def _key(self, seed: int) -> Any:
-        return "mixed"
+        return "mixed"  # the family is drawn with the task (so the seed alone decides it)
 
     def _build(self, seed: int) -> Task:
         from trace_cli.envs.shop.tasks.mixed import build_task
