@@ -577,27 +577,22 @@ def gain_ratio(row: dict[str, Any], trace: str = "trace") -> float | None:
     return round((t - b) / (g - b), 3) if None not in (b, g, t) and g - b > 1e-9 else None
 
 
-def git_commit() -> str | None:
+def _git(*args: str) -> str | None:
+    """git's output in the checkout (stripped), None where git or the repository is missing."""
     try:
-        return subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
-        ).stdout.strip()
+        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True)
     except (OSError, subprocess.CalledProcessError):
         return None
+    return done.stdout.strip()
+
+
+def git_commit() -> str | None:
+    return _git("rev-parse", "HEAD")
 
 
 def git_dirty() -> bool | None:
-    try:
-        out = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        return bool(out.strip())
-    except (OSError, subprocess.CalledProcessError):
-        return None
+    out = _git("status", "--porcelain", "--untracked-files=no")
+    return None if out is None else bool(out)
 
 
 def settings(a) -> dict[str, Any]:
