@@ -140,3 +140,19 @@ def make_diagnosis(store, selected, name="diag", rollouts="store://rollouts/none
     ) as w:
         (w.path / "capabilities.yaml").write_text(yaml.safe_dump(doc))
     return f"store://diagnosis/{name}"
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Live (not zombie) processes, other than this one, whose command line contains `text`."""
+    found = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit() or int(p.name) == os.getpid():
+            continue
+        try:
+            cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+            state = (p / "stat").read_text().split(") ")[1][0]
+        except OSError:
+            continue
+        if text in cmd and state != "Z":
+            found.append(int(p.name))
+    return found

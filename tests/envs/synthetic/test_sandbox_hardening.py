@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from trace_testing import run_trace
+from trace_testing import processes_mentioning, run_trace
 
 from trace_cli.envs.sandbox import (
     Limits,
@@ -180,26 +180,11 @@ def _wait_for_a_busy_sandbox(tmp: Path, proc: subprocess.Popen) -> Path:
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and proc.poll() is None:
         found = [d for d in _sandboxes(tmp) if (d / "stderr.log").exists()]
-        if found and _processes_mentioning(str(found[0])):
+        if found and processes_mentioning(str(found[0])):
             time.sleep(1.0)  # into reset()
             return found[0]
         time.sleep(0.1)
     raise AssertionError(f"the sandbox never started (exit {proc.poll()})")
-
-
-def _processes_mentioning(text: str) -> list[int]:
-    found = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
-            state = (p / "stat").read_text().split(") ")[1][0]
-        except OSError:
-            continue
-        if text in cmd and state != "Z":
-            found.append(int(p.name))
-    return found
 
 
 def _trace(*args, tmp: Path) -> subprocess.Popen:
@@ -223,9 +208,9 @@ def test_a_cli_killed_mid_eval_leaves_no_sandbox_directory_once_gc_ran(tmp_path,
     assert cli.wait(timeout=30) == -sig
     cli.communicate()
     deadline = time.monotonic() + 10
-    while _processes_mentioning(str(sandbox)) and time.monotonic() < deadline:
+    while processes_mentioning(str(sandbox)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _processes_mentioning(str(sandbox))  # the jail died with the CLI either way
+    assert not processes_mentioning(str(sandbox))  # the jail died with the CLI either way
     if sig == signal.SIGTERM:  # cleaned up by the CLI itself
         assert _sandboxes(tmp) == []
     else:  # SIGKILL cannot be caught: the directory stays until gc
@@ -239,7 +224,7 @@ def test_a_cli_killed_mid_eval_leaves_no_sandbox_directory_once_gc_ran(tmp_path,
         if live_dir is None:  # the killed run's directory is there too: find the new one
             deadline = time.monotonic() + 90
             while live_dir is None and time.monotonic() < deadline:
-                new = [d for d in _sandboxes(tmp) if d != sandbox and _processes_mentioning(str(d))]
+                new = [d for d in _sandboxes(tmp) if d != sandbox and processes_mentioning(str(d))]
                 live_dir = new[0] if new else None
                 time.sleep(0.1)
         assert live_dir is not None

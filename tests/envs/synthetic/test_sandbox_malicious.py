@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from trace_testing import snapshot
+from trace_testing import processes_mentioning, snapshot
 
 from trace_cli.envs.sandbox import Limits, SandboxViolation, SandboxWorker, check_module, jail
 from trace_cli.envs.sandbox import worker as worker_mod
@@ -236,28 +236,13 @@ def test_the_sandbox_dies_with_the_cli(tmp_path):
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     workdir = marker.read_text()
-    assert _processes_mentioning(workdir), "the sandbox never started"
+    assert processes_mentioning(workdir), "the sandbox never started"
     cli.kill()
     cli.wait()
     deadline = time.monotonic() + 10
-    while _processes_mentioning(workdir) and time.monotonic() < deadline:
+    while processes_mentioning(workdir) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _processes_mentioning(workdir)
-
-
-def _processes_mentioning(text: str) -> list[int]:
-    found = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit() or int(p.name) == os.getpid():
-            continue
-        try:
-            cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
-            state = (p / "stat").read_text().split(") ")[1][0]
-        except OSError:
-            continue
-        if text in cmd and state != "Z":
-            found.append(int(p.name))
-    return found
+    assert not processes_mentioning(workdir)
 
 
 def test_a_dead_sandbox_cannot_be_reused_and_says_why():
