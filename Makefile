@@ -5,9 +5,24 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-slow test-all demo lint bench clean
+.PHONY: install sandbox test test-slow test-all demo lint bench clean
 
 install: $(STAMP)
+	@$(MAKE) --no-print-directory sandbox
+
+# The OS sandbox for untrusted environment modules (`synthesize --author`) is bubblewrap, a system package: installed
+# here when we are root with a known package manager; otherwise one line says what to run. Never fatal: without it
+# trace refuses untrusted modules (or runs them with --unsafe-local-exec) and the sandbox tests are skipped, saying so.
+sandbox:
+	@bwrap --version >/dev/null 2>&1 && exit 0; \
+	if [ "$$(id -u)" != 0 ]; then \
+	  echo "note: bubblewrap is missing: run 'sudo apt-get install bubblewrap' (or your system's package) for the OS sandbox; until then its tests are skipped" >&2; exit 0; \
+	elif command -v apt-get >/dev/null; then \
+	  { apt-get install -y -qq bubblewrap || { apt-get update -qq && apt-get install -y -qq bubblewrap; }; } >/dev/null 2>&1; \
+	elif command -v dnf >/dev/null; then dnf install -y -q bubblewrap >/dev/null 2>&1; \
+	elif command -v apk >/dev/null; then apk add -q bubblewrap >/dev/null 2>&1; \
+	fi; \
+	bwrap --version >/dev/null 2>&1 || echo "note: could not install bubblewrap (the OS sandbox); its tests will be skipped" >&2
 
 # torch first: `torch==2.13.0` resolves to the local CPU wheel; everything else is pinned by constraints.txt.
 $(STAMP): pyproject.toml constraints.txt

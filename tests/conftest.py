@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -32,3 +35,42 @@ def tau2_dir() -> Path:
 def store(tmp_path) -> Path:
     """A store directory that does not exist yet."""
     return tmp_path / "store"
+
+
+# --- the OS sandbox (bubblewrap) --------------------------------------------------------------------------------
+# Tests marked `needs_sandbox` run untrusted modules in the real jail. Where it cannot exist (no bubblewrap, or no
+# namespaces in this container) they are skipped with the reason, and the run ends with one line that says how many
+# and how to get the sandbox; TRACE_REQUIRE_SANDBOX=1 (CI) makes them run and fail instead, so a CI machine that
+# lost bubblewrap cannot pass by skipping.
+REQUIRE_SANDBOX = "TRACE_REQUIRE_SANDBOX"
+
+
+@cache
+def sandbox_missing() -> str:
+    """Why the OS sandbox cannot run here, or "" when it can."""
+    from trace_cli.envs.sandbox import jail
+
+    if jail.available():
+        return ""
+    if shutil.which("bwrap") is None:
+        return "no OS sandbox: bubblewrap is not installed (make sandbox as root, or apt-get install bubblewrap)"
+    return "no OS sandbox: bubblewrap cannot create namespaces in this container"
+
+
+def pytest_collection_modifyitems(config, items):
+    marked = [item for item in items if item.get_closest_marker("needs_sandbox")]
+    if not marked or os.environ.get(REQUIRE_SANDBOX, "") not in ("", "0") or not sandbox_missing():
+        return
+    skip = pytest.mark.skip(reason=sandbox_missing())
+    for item in marked:
+        item.add_marker(skip)
+    config.stash[_SKIPPED_SANDBOX] = len(marked)
+
+
+_SKIPPED_SANDBOX = pytest.StashKey[int]()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    n = config.stash.get(_SKIPPED_SANDBOX, 0)
+    if n:
+        terminalreporter.write_line(f"{n} sandbox tests skipped: {sandbox_missing()}", yellow=True, bold=True)

@@ -432,6 +432,7 @@ class FakeLLM:
         self.server.shutdown()
 
 
+@pytest.mark.needs_sandbox
 def test_llm_authored_module_rejections_kept_then_accepted(st, in_band):
     llm = FakeLLM([BROKEN_MODULE, LAZY_MODULE])
     try:
@@ -483,6 +484,7 @@ def test_llm_authored_module_rejections_kept_then_accepted(st, in_band):
     assert st.verify() == []
 
 
+@pytest.mark.needs_sandbox
 def test_llm_author_all_rejected_falls_back_to_template_or_fails(st, in_band):
     llm = FakeLLM([BROKEN_MODULE] * 4)
     try:
@@ -529,6 +531,7 @@ def make_env(**params):
 FORK_MODULE = "import os\n\ndef make_env(**params):\n    os.fork()\n"
 
 
+@pytest.mark.needs_sandbox
 def test_an_authored_module_that_tries_to_escape_fails_synthesize(st, in_band):
     """Through the real authoring path (an OpenAI-compatible server on loopback answering with escaping
     modules), every module is rejected and, without the template fallback, synthesize fails (exit 1)."""
@@ -586,6 +589,7 @@ def _authored(st, in_band) -> object:
         llm.close()
 
 
+@pytest.mark.needs_sandbox
 def test_a_crafted_environment_artifact_cannot_point_outside_or_swap_its_module(st, in_band, tmp_path):
     import trace_cli.envs.artifact as artifact
 
@@ -632,6 +636,7 @@ def test_tiny_hf_model_calibration_path_runs(st):
     assert model.kind == "model"
 
 
+@pytest.mark.needs_sandbox
 def test_hf_author_untrained_model_gives_no_module_and_falls_back(st, in_band):
     execute("model", {"preset": "tiny", "corpus_seeds": 20}, st, name="tiny")
     diag = make_diagnosis(st, selected=["multi_step_completion"])

@@ -34,7 +34,7 @@ from trace_cli.envs.sandbox import (
     module_env_factory,
 )
 
-pytestmark = pytest.mark.skipif(not jail.available(), reason="needs bubblewrap (apt-get install bubblewrap)")
+pytestmark = pytest.mark.needs_sandbox
 
 FAST = Limits(cpu_s=2.0, timeout_s=20.0, memory_mb=512)
 TEMPLATE_TAIL = (

@@ -31,7 +31,7 @@ TEMPLATE_TAIL = (
     "    return TEMPLATES['precondition_verification'](**params)\n"
 )
 
-pytestmark = pytest.mark.skipif(not jail.available(), reason="needs bubblewrap (apt-get install bubblewrap)")
+pytestmark = pytest.mark.needs_sandbox
 
 
 @pytest.fixture

@@ -25,6 +25,9 @@ GOOD = textwrap.dedent('''
 FAST = Limits(cpu_s=1.0, timeout_s=20.0, memory_mb=512)
 
 
+pytestmark = pytest.mark.needs_sandbox
+
+
 @pytest.fixture
 def store_root(tmp_path):
     """A store with one committed artifact, to show that nothing in it changes."""
