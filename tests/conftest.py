@@ -53,7 +53,9 @@ def sandbox_missing() -> str:
     if jail.available():
         return ""
     if shutil.which("bwrap") is None:
-        return "no OS sandbox: bubblewrap is not installed (make sandbox as root, or apt-get install bubblewrap)"
+        return (
+            "no OS sandbox: bubblewrap is not installed (make sandbox as root, or apt-get install bubblewrap)"
+        )
     return "no OS sandbox: bubblewrap cannot create namespaces in this container"
 
 
