@@ -6,16 +6,10 @@ from OUT.partial.json, and (slow) a tiny end-to-end run on the demo base."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-from se import plan, results, settings, stats  # noqa: E402
+from se import plan, results, settings, stats
 
 
 def _run(budget, seed, base, grpo, moe, router=None, target="shop-mixed", **over):
@@ -119,14 +113,6 @@ def test_one_expert_ablation():
     }
 
 
-def _bench(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    """benchmarks/sample_efficiency.py with these arguments, in a subprocess."""
-    script = REPO / "benchmarks" / "sample_efficiency.py"
-    return subprocess.run(
-        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=timeout
-    )
-
-
 def _result(path: Path, seed: int, grpo: float, moe: float, runs=None, **over) -> Path:
     """A result file of one process, written by the benchmark's own writer (checked against its schema)."""
     runs = runs or [_run(640, seed, 0.4, grpo, moe, 0.41)]
@@ -147,14 +133,14 @@ def _result(path: Path, seed: int, grpo: float, moe: float, runs=None, **over) -
     return results.write(path, doc)
 
 
-def test_combine_merges_per_seed_and_per_method_files(tmp_path):
+def test_combine_merges_per_seed_and_per_method_files(tmp_path, run_benchmark):
     a = _result(tmp_path / "a.json", 0, 0.42, 0.46)
     b = _result(tmp_path / "b.json", 1, 0.44, 0.50, commit="def")
     # seed 1's GRPO-on-target came from another process (--methods grpo_target): its row is merged in
     g_run = {"target": "shop-mixed", "budget": 640, "seed": 1, "grpo_target": 0.44, "base": 0.4}
     g = _result(tmp_path / "g.json", 1, 0.44, 0.0, runs=[g_run], commit="fed")
     out = tmp_path / "all.json"
-    proc = _bench("--combine", str(a), str(b), str(g), "--out", str(out))
+    proc = run_benchmark("sample_efficiency.py", "--combine", str(a), str(b), str(g), "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = results.read(out)  # the combined file conforms to its schema
     assert res["train_seeds"] == [0, 1] and len(res["runs"]) == 2 and res["commit"] == "abc"
@@ -174,7 +160,7 @@ def test_combine_merges_per_seed_and_per_method_files(tmp_path):
     assert [x["commit"] for x in seed1["sources"]] == ["def", "fed"]
 
 
-def test_combine_refuses_a_dirty_run_and_other_experiments(tmp_path):
+def test_combine_refuses_a_dirty_run_and_other_experiments(tmp_path, run_benchmark):
     a = _result(tmp_path / "a.json", 0, 0.42, 0.46)
     dirty = _result(tmp_path / "d.json", 1, 0.44, 0.50, dirty=True, commit="0123")
     unknown = _result(tmp_path / "u.json", 1, 0.44, 0.50, dirty=None)
@@ -188,7 +174,7 @@ def test_combine_refuses_a_dirty_run_and_other_experiments(tmp_path):
         (not_a_result, "not a sample_efficiency file"),
     ):
         out = tmp_path / "x.json"
-        proc = _bench("--combine", str(a), str(bad), "--out", str(out))
+        proc = run_benchmark("sample_efficiency.py", "--combine", str(a), str(bad), "--out", str(out))
         assert proc.returncode == 2 and reason in proc.stderr, proc.stderr[-2000:]
         assert not out.exists() and not out.with_suffix(".png").exists()
 
@@ -257,7 +243,7 @@ def test_bootstrap_needs_per_task_outcomes_of_both_methods():
     assert stats.paired_bootstrap(over) is None  # TRACE over its budget is out, as in the table
 
 
-def test_bootstrap_is_stored_and_printed(tmp_path):
+def test_bootstrap_is_stored_and_printed(tmp_path, run_benchmark):
     """--combine computes the bootstrap of the runs' per-task outcomes, stores it per budget and prints it."""
     n = 30
     paths = []
@@ -270,7 +256,7 @@ def test_bootstrap_is_stored_and_printed(tmp_path):
         run = _run(640, seed, 0.0, 0.2, gain, 0.1, **tasks)
         paths.append(_result(tmp_path / f"{seed}.json", seed, 0.2, gain, runs=[run]))
     out = tmp_path / "all.json"
-    proc = _bench("--combine", *map(str, paths), "--out", str(out))
+    proc = run_benchmark("sample_efficiency.py", "--combine", *map(str, paths), "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     boot = results.read(out)["targets"]["shop-mixed"]["bootstrap"]["640"]
     assert boot["seeds"] == [0, 1] and boot["difference"]["mean"] == 0.3 and boot["ratio"]["mean"] == 2.5
@@ -323,10 +309,11 @@ def test_a_stopped_run_resumes_the_units_it_finished(tmp_path):
 
 
 @pytest.mark.slow
-def test_tiny_run_end_to_end(tmp_path):
+def test_tiny_run_end_to_end(tmp_path, run_benchmark):
     """Every method at two budgets on 10 held-out seeds of shop-mixed (tiny budgets: correctness, not a result)."""
     out = tmp_path / "se.json"
-    proc = _bench(
+    proc = run_benchmark(
+        "sample_efficiency.py",
         "--target",
         "shop-mixed",
         "--train-seeds",
