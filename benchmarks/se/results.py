@@ -130,8 +130,9 @@ def combine(paths: list[Path]) -> dict[str, Any]:
 class Progress:
     """OUT.partial.json: the finished units ([target, seed, method]) and their rows, written after each unit,
     so a stopped run started again with the same command and --out resumes where it stopped (the GRPO run it
-    was in resumes from its last checkpoint in the store). A partial file of another commit, a dirty checkout
-    or other settings is not resumed from (the run starts over; the store still skips what it holds)."""
+    was in resumes from its last checkpoint in the store). A partial file of another commit, another checkout
+    state (clean or dirty) or other settings is not resumed from (the run starts over; the store still skips
+    what it holds). A dirty run resumes, but its result stays dirty: --combine refuses it."""
 
     def __init__(self, path: Path, meta: dict[str, Any]):
         self.path, self.meta = path, meta
@@ -145,12 +146,11 @@ class Progress:
         except Refused as e:
             print(f"not resuming: {e}", file=sys.stderr)
             return
-        keys = ("commit", "held_out", "settings", "targets_run")
-        if doc["dirty"] is not False or self.meta["dirty"] is not False:
-            print(f"not resuming from {self.path}: a dirty checkout", file=sys.stderr)
-            return
+        keys = ("commit", "dirty", "held_out", "settings", "targets_run")
         if any(doc[k] != self.meta[k] for k in keys):
-            print(f"not resuming from {self.path}: another commit or other settings", file=sys.stderr)
+            print(
+                f"not resuming from {self.path}: another commit, checkout state or settings", file=sys.stderr
+            )
             return
         for target, seed, method in doc["done"]:
             rows = [

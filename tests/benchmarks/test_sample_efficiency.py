@@ -279,7 +279,7 @@ def _meta(**over):
 def test_a_stopped_run_resumes_the_units_it_finished(tmp_path):
     """Progress writes OUT.partial.json after each (target, seed, method); a new process with the same commit
     and settings takes the finished units from it and computes only the others; another commit, other settings
-    or a dirty checkout start over."""
+    or another checkout state (dirty instead of clean) start over."""
     path = tmp_path / "se.partial.json"
     calls = []
 
@@ -367,6 +367,13 @@ def test_tiny_run_end_to_end(tmp_path, run_benchmark):
     assert set(res["targets"]["shop-mixed"]["families_at_largest_budget"]["base"]) >= {
         "shop-mixed-cancel_order"
     }
+    # every method's outcome on every test task is kept (the paired analysis), and single_best's validation
+    # rollouts are charged to it
+    assert len(top["tasks_base"]) == len(top["tasks_grpo_target"]) == 10
+    if top["environments"]:
+        assert len(top["tasks_trace"]) == len(top["tasks_single_best"]) == 10
+        assert top["spent_single_best"]["validation"] == 5 * len(top["environments"])
+    assert set(res["targets"]["shop-mixed"]["bootstrap"]) == {"64", "128"}
 
 
 def test_settings_from_the_command_line():
@@ -382,3 +389,53 @@ def test_settings_from_the_command_line():
         with pytest.raises(SystemExit) as e:
             settings.parse_settings(bad, "doc")
         assert e.value.code == 2
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_where_it_stopped(tmp_path, run_benchmark):
+    """GRPO-on-target for training seeds 0 and 1 at a tiny budget in one process, killed once seed 0 is in
+    OUT.partial.json: the same command again takes seed 0 from there, runs only seed 1, and writes the result."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "se.json"
+    partial = out.with_suffix(".partial.json")
+    args = [
+        *("--target", "shop-mixed", "--methods", "grpo_target", "--train-seeds", "0,1", "--budgets", "16"),
+        *("--episodes-per-step", "8", "--num-generations", "4", "--held-out", "500000:500004"),
+        *("--store", str(tmp_path / "store"), "--out", str(out)),
+    ]
+    script = str(Path(results.REPO) / "benchmarks" / "sample_efficiency.py")
+    first = subprocess.Popen(
+        [sys.executable, script, *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 1200
+        while not partial.exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert first.poll() is None, "the run ended before it could be stopped"
+        os.killpg(first.pid, signal.SIGKILL)
+    finally:
+        first.wait()
+    assert [tuple(u) for u in results.read(partial, results.PARTIAL)["done"]] == [
+        ("shop-mixed", 0, "grpo_target")
+    ]
+    seed0 = next(r["row"] for r in results.read(partial, results.PARTIAL)["runs"] if r["seed"] == 0)
+    proc = run_benchmark("sample_efficiency.py", *args, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "shop-mixed/grpo_target/0: done in se.partial.json, not run again" in proc.stderr
+    assert (
+        "shop-mixed/grpo_target/0: train" not in proc.stderr
+        and "shop-mixed/grpo_target/1: train" in proc.stderr
+    )
+    res = results.read(out)
+    by_seed = {r["seed"]: r for r in res["runs"]}
+    assert set(by_seed) == {0, 1} and not partial.exists()
+    assert by_seed[0]["tasks_grpo_target"] == seed0["tasks_grpo_target"] and seed0["grpo_rollouts"] == 16
+    assert len(by_seed[1]["tasks_grpo_target"]) == 4 and len(by_seed[1]["tasks_base"]) == 4
