@@ -37,9 +37,9 @@ its schema in `benchmarks/schemas/` when written and when read. `--combine` refu
     # process that is stopped resumes when started again with the same command: the units it finished from
     # OUT.partial.json, its GRPO run from the last checkpoint in the same --store
     for s in 0 1 2; do OMP_NUM_THREADS=1 nohup python benchmarks/sample_efficiency.py --target shop-mixed \\
-        --train-seeds $s --methods trace --store stores/mixed-$s --out benchmarks/results/scratch/se-mixed-trace-$s.json \\
-        > se-mixed-trace-$s.log 2>&1 & done
-    python benchmarks/sample_efficiency.py --combine benchmarks/results/scratch/se-mixed-*.json benchmarks/results/scratch/se-shop-*.json \\
+        --train-seeds $s --methods trace --store stores/mixed-$s \\
+        --out benchmarks/results/scratch/se-mixed-trace-$s.json > se-mixed-trace-$s.log 2>&1 & done
+    python benchmarks/sample_efficiency.py --combine benchmarks/results/scratch/se-mixed-*.json \\
         --out benchmarks/results/sample_efficiency_mixed.json
 """
 
