@@ -80,12 +80,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=48, help="max tokens per episode (max_new_tokens = budget)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--multi-turn-turns", type=int, default=4, help="0 = skip the multi-turn reference run")
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch threads per worker (default 1: steadier timings on a shared machine; 0 = torch's default)",
-    )
+    # one torch thread per worker by default: steadier timings on a shared machine
+    p.add_argument("--threads", type=int, default=1, help="torch threads per worker (0: torch's default)")
     p.add_argument("--quick", action="store_true", help="1 repeat, 2 steps, small batch")
     p.add_argument("--workdir", default=None)
     p.add_argument("--out", default=str(RESULTS / "train_bench.json"))
@@ -224,6 +220,27 @@ def _env() -> dict[str, str]:
     return e
 
 
+def run_timed(cmd: list[str], threads: int) -> tuple[subprocess.CompletedProcess, float]:
+    """`cmd` in the checkout with the benchmark's environment (`threads` torch threads, 0: torch's default): its
+    completed process and wall time."""
+    env = _env()
+    if threads:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+    t0 = time.monotonic()
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
+    return r, time.monotonic() - t0
+
+
+def run_worker(kind: str, spec: dict[str, Any], what: str) -> tuple[dict[str, Any], float]:
+    """This script's `--worker KIND --spec JSON` in a subprocess: the JSON it prints last and the wall time
+    (exit with its stderr when it fails)."""
+    cmd = [sys.executable, __file__, "--worker", kind, "--spec", json.dumps(spec)]
+    r, wall = run_timed(cmd, spec.get("threads") or 0)
+    if r.returncode != 0:
+        raise SystemExit(f"{what} failed ({r.returncode}):\n{r.stderr[-4000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1]), wall
+
+
 def _trace_cmd() -> list[str]:
     exe = Path(sys.executable).parent / "trace"
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "trace_cli"]
@@ -234,49 +251,22 @@ def run_trace(
 ) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
-    cmd = _trace_cmd() + [
-        "train",
-        "--method",
-        "grpo",
-        "--env",
-        "shop",
-        "--model",
-        str(model_dir),
-        "--store",
-        str(store),
-        "--seeds",
-        "100000:100400",
-        "--max-steps",
-        str(args.steps),
-        "--set",  # an untrained model earns a constant reward: time the steps anyway (no learning expected)
-        "require_learning=false",
-        "--force",
-        "--json",
-        "--set",
-        f"num_generations={args.num_generations}",
-        "--set",
-        f"per_device_batch_size={args.batch}",
-        "--set",
-        "gradient_accumulation_steps=1",
-        "--set",
-        f"max_turns={turns}",
-        "--set",
-        f"max_new_tokens={tokens_per_turn}",
-        "--set",
-        f"max_completion_length={budget}",
-        "--set",
-        "checkpoint_every=0",
-        "--set",
-        "precision=fp32",
-        "--set",
-        "gradient_checkpointing=false",
-    ]
-    env = _env()
-    if args.threads:
-        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
-    t0 = time.monotonic()
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
-    wall = time.monotonic() - t0
+    settings = {
+        "require_learning": "false",  # an untrained model earns a constant reward: time the steps anyway
+        "num_generations": args.num_generations,
+        "per_device_batch_size": args.batch,
+        "gradient_accumulation_steps": 1,
+        "max_turns": turns,
+        "max_new_tokens": tokens_per_turn,
+        "max_completion_length": budget,
+        "checkpoint_every": 0,
+        "precision": "fp32",
+        "gradient_checkpointing": "false",
+    }
+    cmd = [*_trace_cmd(), *"train --method grpo --env shop --seeds 100000:100400 --force --json".split()]
+    cmd += ["--model", str(model_dir), "--store", str(store), "--max-steps", str(args.steps)]
+    cmd += [a for k, v in settings.items() for a in ("--set", f"{k}={v}")]
+    r, wall = run_timed(cmd, args.threads)
     if r.returncode != 0:
         raise SystemExit(f"trace train failed ({r.returncode}):\n{r.stderr[-4000:]}")
     res = json.loads(r.stdout)
@@ -314,21 +304,7 @@ def run_bare(args, model_dir: Path, out_dir: Path) -> dict[str, Any]:
         "out": str(out_dir),
         "threads": args.threads,
     }
-    env = _env()
-    if args.threads:
-        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
-    t0 = time.monotonic()
-    r = subprocess.run(
-        [sys.executable, __file__, "--worker", "bare", "--spec", json.dumps(spec)],
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
-    wall = time.monotonic() - t0
-    if r.returncode != 0:
-        raise SystemExit(f"bare TRL worker failed ({r.returncode}):\n{r.stderr[-4000:]}")
-    res = json.loads(r.stdout.strip().splitlines()[-1])
+    res, wall = run_worker("bare", spec, "bare TRL worker")
     res["wall_s"] = wall
     return res
 
@@ -429,23 +405,35 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# (column, key, format) of the speed table and of the --model smollm2 table
+SPEED_COLUMNS = (
+    ("steps/s", "steps_per_s", ".3f"), ("tokens/s", "tokens_per_s", ".1f"),
+    ("steady steps/s", "steady_steps_per_s", ".3f"), ("steady tokens/s", "steady_tokens_per_s", ".1f"),
+    ("steps/cpu-s", "cpu_steps_per_s", ".3f"), ("tokens/cpu-s", "cpu_tokens_per_s", ".1f"),
+)  # fmt: skip
+EPISODE_COLUMNS = (
+    ("s/episode", "s_per_episode", ".1f"), ("cpu-s/ep.", "cpu_s_per_episode", ".1f"),
+    ("rollout cpu-s/ep.", "rollout_cpu_s_per_episode", ".1f"),
+    ("train cpu-s/ep.", "train_cpu_s_per_episode", ".1f"),
+    ("tokens/ep.", "episode_tokens", ".0f"), ("peak GiB", "max_rss_gib", ".1f"),
+)  # fmt: skip
+
+
+def print_head(title: str, cols, label_width: int, cell_width: int, extra: str = "") -> None:
+    """The title, the column names right-aligned in cells of `cell_width` after the label column, a rule."""
+    print(title)
+    head = f"{'':<{label_width}}" + "".join(f"{c:>{cell_width}}" for c, _, _ in cols) + extra
+    print(head)
+    print("-" * len(head))
+
+
 def print_report(res: dict[str, Any]) -> None:
-    p = res["params"]
-    print(
+    p, cols = res["params"], SPEED_COLUMNS
+    title = (
         f"\ntrain_bench: {p['preset']} model, shop single-turn, {p['steps']} steps x {p['batch']} episodes "
         f"(groups of {p['num_generations']}), <= {p['tokens']} tokens/episode, median of {p['repeats']}"
     )
-    cols = [
-        ("steps/s", "steps_per_s", ".3f"),
-        ("tokens/s", "tokens_per_s", ".1f"),
-        ("steady steps/s", "steady_steps_per_s", ".3f"),
-        ("steady tokens/s", "steady_tokens_per_s", ".1f"),
-        ("steps/cpu-s", "cpu_steps_per_s", ".3f"),
-        ("tokens/cpu-s", "cpu_tokens_per_s", ".1f"),
-    ]
-    head = f"{'':<28}" + "".join(f"{c:>17}" for c, _, _ in cols) + f"{'train s':>10}"
-    print(head)
-    print("-" * len(head))
+    print_head(title, cols, 28, 17, f"{'train s':>10}")
 
     def cells(d: dict[str, Any], fmt: str | None = None) -> str:
         return "".join(f"{'-' if d.get(k) is None else format(d[k], fmt or f):>17}" for _, k, f in cols)
@@ -543,21 +531,8 @@ def smollm2_side(args, label: str, src: Path, model_dir: Path, work: Path, setti
         "out": str(work / f"ckpt-{label}"),
         "threads": args.threads,
     }
-    env = _env()
-    if args.threads:
-        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
-    t0 = time.monotonic()
-    r = subprocess.run(
-        [sys.executable, __file__, "--worker", "grpo", "--spec", json.dumps(spec)],
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
-    if r.returncode != 0:
-        raise SystemExit(f"{label} worker failed ({r.returncode}):\n{r.stderr[-4000:]}")
-    res = json.loads(r.stdout.strip().splitlines()[-1])
-    res.update(label=label, wall_s=time.monotonic() - t0, settings=settings)
+    res, wall = run_worker("grpo", spec, f"{label} worker")
+    res.update(label=label, wall_s=wall, settings=settings)
     return res
 
 
@@ -665,22 +640,12 @@ def _commit() -> str | None:
 
 
 def print_smollm2(res: dict[str, Any]) -> None:
-    p = res["params"]
-    print(
+    p, cols = res["params"], EPISODE_COLUMNS
+    title = (
         f"\ntrain_bench --model smollm2: one GRPO step, {p['episodes']} shop episodes (groups of "
         f"{p['num_generations']}, <= {p['tokens']} tokens a turn, <= 1024 a conversation), {p['threads']} thread(s)"
     )
-    cols = [
-        ("s/episode", "s_per_episode", ".1f"),
-        ("cpu-s/ep.", "cpu_s_per_episode", ".1f"),
-        ("rollout cpu-s/ep.", "rollout_cpu_s_per_episode", ".1f"),
-        ("train cpu-s/ep.", "train_cpu_s_per_episode", ".1f"),
-        ("tokens/ep.", "episode_tokens", ".0f"),
-        ("peak GiB", "max_rss_gib", ".1f"),
-    ]
-    head = f"{'':<34}" + "".join(f"{c:>19}" for c, _, _ in cols)
-    print(head)
-    print("-" * len(head))
+    print_head(title, cols, 34, 19)
     for r in res["runs"]:
         s = r["settings"]
         gc = "on" if s["gradient_checkpointing"] else "off"

@@ -1,19 +1,15 @@
-"""benchmarks/sample_efficiency.py: the table's arithmetic (mean ± std over training seeds, the gain ratio, the
-one-expert ablation), `--combine` of per-seed result files, and (slow) a tiny end-to-end run on the demo base."""
+"""benchmarks/sample_efficiency.py and its library benchmarks/se/: the table's arithmetic (mean ± std over training
+seeds, the gain ratio, the one-expert ablation), the paired bootstrap on per-task outcomes with a known answer,
+`--combine` of per-seed result files (refusing a dirty run, keeping every run's commit), resuming a stopped run
+from OUT.partial.json, and (slow) a tiny end-to-end run on the demo base."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import sample_efficiency as se  # noqa: E402
+from se import plan, results, settings, stats
 
 
 def _run(budget, seed, base, grpo, moe, router=None, target="shop-mixed", **over):
@@ -41,7 +37,7 @@ def _run(budget, seed, base, grpo, moe, router=None, target="shop-mixed", **over
 
 def test_rows_ratio_and_families():
     runs = [_run(640, 0, 0.4, 0.42, 0.46, 0.41), _run(640, 1, 0.4, 0.44, 0.50, 0.43)]
-    (row,) = se.budget_rows(runs)
+    (row,) = stats.budget_rows(runs)
     assert row["rollouts"] == 640 and row["moe"]["mean"] == 0.48 and row["moe"]["runs"] == 2
     assert row["moe"]["std"] == pytest.approx(0.0283, abs=1e-4)
     assert row["single_best"]["mean"] == 0.47 and row["merge"] == {"mean": None, "std": None, "runs": 0}
@@ -50,15 +46,15 @@ def test_rows_ratio_and_families():
     assert row["gain_ratio_train"] == pytest.approx(0.09 / 0.03, abs=1e-3)
     assert row["spent"]["all"]["mean"] == 632 and row["spent"]["fixed"]["mean"] == 332
     assert row["spent"]["training"]["mean"] == 640 and row["grpo_constant_groups"]["mean"] == 0.5
-    assert se.gain_ratio({**row, "grpo_target": {"mean": 0.4}}) is None  # GRPO gained nothing: no ratio
+    assert stats.gain_ratio({**row, "grpo_target": {"mean": 0.4}}) is None  # GRPO gained nothing: no ratio
     # the ablations are rows of the largest budget only
-    rows = se.budget_rows(runs + [_run(1280, 0, 0.4, 0.45, 0.5)])
+    rows = stats.budget_rows(runs + [_run(1280, 0, 0.4, 0.45, 0.5)])
     assert rows[0]["single_best"]["runs"] == 0 and rows[1]["single_best"] == {
         "mean": 0.49,
         "std": 0.0,
         "runs": 1,
     }
-    fam = se.family_table(runs)
+    fam = stats.family_table(runs)
     assert fam["base"] == {"a": 0.5, "b": 0.0} and fam["moe"] == {"a": 0.5, "b": 0.48}
 
 
@@ -67,7 +63,7 @@ def test_a_run_over_its_budget_is_marked_and_left_out_of_the_ratio():
         _run(640, 0, 0.4, 0.44, 0.46),
         _run(640, 1, 0.4, 0.44, 0.90, over_budget="spent 700 rollouts of 640"),
     ]
-    (row,) = se.budget_rows(runs)
+    (row,) = stats.budget_rows(runs)
     assert row["over_budget_runs"] == 1 and row["trace"]["runs"] == 1 and row["trace"]["mean"] == 0.46
     assert row["gain_ratio"] == pytest.approx(1.5, abs=1e-3)
 
@@ -81,9 +77,9 @@ def test_planned_steps_stay_within_budget_or_are_marked(fixed):
     reuse = {"a": 4, "b": 0}  # env a's calibration left 4 steps of on-policy episodes
     fixed_parts = {"diagnosis": 100, "calibration": fixed, "moe": 32}
     total_fixed = sum(fixed_parts.values())
-    plan = se.plan_steps(budgets, total_fixed, reuse, per_step)
+    steps = plan.plan_steps(budgets, total_fixed, reuse, per_step)
     for B in budgets:
-        sp = se.spent(fixed_parts, plan["all"][B], reuse, per_step)
+        sp = plan.spent(fixed_parts, steps["all"][B], reuse, per_step)
         if total_fixed <= B:
             assert sp["total"] <= B, (B, sp)
             assert (
@@ -92,11 +88,11 @@ def test_planned_steps_stay_within_budget_or_are_marked(fixed):
         else:
             assert sp["total"] > B  # the run is marked over budget
         assert sp["grpo_reused"] <= reuse["a"] * per_step
-        tr = se.spent(fixed_parts, plan["training"][B], reuse, per_step)
+        tr = plan.spent(fixed_parts, steps["training"][B], reuse, per_step)
         assert tr["training"] <= B and B - tr["training"] < 2 * per_step
     # reused episodes are steps that cost nothing more under `all`
     if total_fixed <= 1280:
-        assert plan["all"][1280]["a"] - plan["all"][1280]["b"] == 4
+        assert steps["all"][1280]["a"] - steps["all"][1280]["b"] == 4
 
 
 def test_one_expert_ablation():
@@ -110,68 +106,214 @@ def test_one_expert_ablation():
         "merge": {"solved": {"t1": False, "t2": True}},
     }
     # t1: only p solves it (t2: both; t3: the base does; t4: nobody)
-    assert se.one_expert_ablation(base, experts, comps) == {
+    assert stats.one_expert_ablation(base, experts, comps) == {
         "one_expert_tasks": 1,
         "by_expert": {"p": 1, "m": 0},
         "kept": {"moe": 1, "merge": 0},
     }
 
 
-def _bench(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    """benchmarks/sample_efficiency.py with these arguments, in a subprocess."""
-    script = REPO / "benchmarks" / "sample_efficiency.py"
-    return subprocess.run(
-        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=timeout
-    )
-
-
-def _result(path: Path, seed: int, grpo: float, moe: float, **over) -> Path:
+def _result(path: Path, seed: int, grpo: float, moe: float, runs=None, **over) -> Path:
+    """A result file of one process, written by the benchmark's own writer (checked against its schema)."""
+    runs = runs or [_run(640, seed, 0.4, grpo, moe, 0.41)]
     doc = {
-        "held_out": "500000:500200",
-        "settings": {"budgets": [640]},
-        "train_seeds": [seed],
+        "benchmark": "sample_efficiency",
         "commit": "abc",
-        "runs": [_run(640, seed, 0.4, grpo, moe, 0.41)],
+        "dirty": False,
+        "command": "python benchmarks/sample_efficiency.py",
+        "held_out": "500000:500200",
+        "settings": {"budgets": [640], "episodes_per_step": 32, "learning_rate": 0.002},
+        "train_seeds": [seed],
+        "targets": stats.summarize(runs),
+        "runs": runs,
         "wall_s": 10.0,
         "timings_s": {},
         **over,
     }
-    path.write_text(json.dumps(doc))
-    return path
+    return results.write(path, doc)
 
 
-def test_combine_merges_per_seed_and_per_method_files(tmp_path):
+def test_combine_merges_per_seed_and_per_method_files(tmp_path, run_benchmark):
     a = _result(tmp_path / "a.json", 0, 0.42, 0.46)
-    b = _result(tmp_path / "b.json", 1, 0.44, 0.50)
+    b = _result(tmp_path / "b.json", 1, 0.44, 0.50, commit="def")
     # seed 1's GRPO-on-target came from another process (--methods grpo_target): its row is merged in
-    g = _result(
-        tmp_path / "g.json",
-        1,
-        0.44,
-        0.0,
-        runs=[{"target": "shop-mixed", "budget": 640, "seed": 1, "grpo_target": 0.44, "base": 0.4}],
-    )
+    g_run = {"target": "shop-mixed", "budget": 640, "seed": 1, "grpo_target": 0.44, "base": 0.4}
+    g = _result(tmp_path / "g.json", 1, 0.44, 0.0, runs=[g_run], commit="fed")
     out = tmp_path / "all.json"
-    proc = _bench("--combine", str(a), str(b), str(g), "--out", str(out))
+    proc = run_benchmark("sample_efficiency.py", "--combine", str(a), str(b), str(g), "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    res = json.loads(out.read_text())
+    res = results.read(out)  # the combined file conforms to its schema
     assert res["train_seeds"] == [0, 1] and len(res["runs"]) == 2 and res["commit"] == "abc"
     row = res["targets"]["shop-mixed"]["budgets"][0]
     assert row["trace"]["mean"] == 0.48 and row["gain_ratio"] == pytest.approx(2.667, abs=1e-3)
     assert {"rollouts", "base", "grpo_target", "trace", "router", "merge", "spent", "gain_ratio"} <= set(row)
     assert out.with_suffix(".png").stat().st_size > 1000
     assert "gain ratio" in proc.stdout and "2.67x" in proc.stdout
-    # result files of different experiments are not combined
-    c = _result(tmp_path / "c.json", 2, 0.4, 0.4, held_out="0:200")
-    bad = _bench("--combine", str(a), str(c), "--out", str(tmp_path / "x.json"))
-    assert bad.returncode != 0 and "held_out differs" in bad.stderr and not (tmp_path / "x.json").exists()
+    # every file's commit and dirty flag is kept, and each row says which files it came from
+    assert res["dirty"] is False and res["commits"] == ["abc", "def", "fed"]
+    assert [(x["file"], x["commit"], x["dirty"]) for x in res["sources"]] == [
+        (str(a), "abc", False),
+        (str(b), "def", False),
+        (str(g), "fed", False),
+    ]
+    seed1 = next(r for r in res["runs"] if r["seed"] == 1)
+    assert [x["commit"] for x in seed1["sources"]] == ["def", "fed"]
+
+
+def test_combine_refuses_a_dirty_run_and_other_experiments(tmp_path, run_benchmark):
+    a = _result(tmp_path / "a.json", 0, 0.42, 0.46)
+    dirty = _result(tmp_path / "d.json", 1, 0.44, 0.50, dirty=True, commit="0123")
+    unknown = _result(tmp_path / "u.json", 1, 0.44, 0.50, dirty=None)
+    other = _result(tmp_path / "c.json", 2, 0.4, 0.4, held_out="0:200")
+    not_a_result = tmp_path / "n.json"
+    not_a_result.write_text(json.dumps({"budgets": []}))
+    for bad, reason in (
+        (dirty, f"{dirty} is the result of a dirty checkout (commit 0123)"),
+        (unknown, "a checkout whose state it does not record"),
+        (other, "held_out differs"),
+        (not_a_result, "not a sample_efficiency file"),
+    ):
+        out = tmp_path / "x.json"
+        proc = run_benchmark("sample_efficiency.py", "--combine", str(a), str(bad), "--out", str(out))
+        assert proc.returncode == 2 and reason in proc.stderr, proc.stderr[-2000:]
+        assert not out.exists() and not out.with_suffix(".png").exists()
+
+
+def _outcomes(values) -> dict[str, float]:
+    return {f"shop-mixed-x-{i}": v for i, v in enumerate(values)}
+
+
+def _paired(seed, base, grpo, trace, budget=640):
+    return {
+        "budget": budget,
+        "seed": seed,
+        "tasks_base": _outcomes(base),
+        "tasks_grpo_target": _outcomes(grpo),
+        "tasks_trace": _outcomes(trace),
+    }
+
+
+def test_bootstrap_constant_gains_give_a_point_interval():
+    """Every task: base 0, GRPO 0.5, TRACE 1.0; whatever is resampled, the difference is 0.5 and the ratio 2."""
+    n = 50
+    runs = [_paired(s, [0.0] * n, [0.5] * n, [1.0] * n) for s in (0, 1, 2)]
+    b = stats.paired_bootstrap(runs, samples=500)
+    assert b["seeds"] == [0, 1, 2] and b["tasks"] == n and b["trace_gain"] == 1.0 and b["grpo_gain"] == 0.5
+    assert b["difference"] == {"mean": 0.5, "lower_90": 0.5, "interval_90": [0.5, 0.5]}
+    assert b["ratio"] == {"mean": 2.0, "interval_95": [2.0, 2.0], "ratio_undefined": 0.0}
+
+
+def test_bootstrap_resamples_the_training_seeds():
+    """Two seeds, identical tasks within a seed: TRACE gains 0.6 with seed 0 and 0.2 with seed 1, GRPO 0.2 with
+    both. Resampling the seeds gives differences 0.4 / 0.2 / 0.0 with probabilities 1/4, 1/2, 1/4 (ratios 3, 2,
+    1): the 10th percentile of the difference is 0 and the ratio's 95 % interval [1, 3]; resampling the tasks
+    alone would give a point."""
+    n = 40
+    runs = [_paired(0, [0.0] * n, [0.2] * n, [0.6] * n), _paired(1, [0.0] * n, [0.2] * n, [0.2] * n)]
+    b = stats.paired_bootstrap(runs, samples=4000)
+    assert b["difference"]["mean"] == 0.2 and b["difference"]["lower_90"] == 0.0
+    assert b["difference"]["interval_90"] == [0.0, 0.4]
+    assert b["ratio"]["mean"] == 2.0 and b["ratio"]["interval_95"] == [1.0, 3.0]
+
+
+def test_bootstrap_over_tasks_matches_the_normal_approximation():
+    """One seed, 400 tasks: TRACE solves 100 tasks GRPO does not, the other 300 alike; the difference is a
+    binomial proportion 0.25 with standard error sqrt(0.25 * 0.75 / 400): its 10th percentile is about
+    0.25 - 1.2816 SE. GRPO gains 0.25 on every task, so the ratio is 1 + difference / 0.25."""
+    n, k = 400, 100
+    base = [0.0] * n
+    grpo = [0.25] * n
+    trace = [1.25 if i < k else 0.25 for i in range(n)]  # outcomes need not be 0/1: a mean over trials
+    trace = [min(v, 1.0) for v in trace]  # 1.0 on the first k tasks: TRACE - GRPO = 0.75 there
+    b = stats.paired_bootstrap([_paired(0, base, grpo, trace)], samples=20000)
+    diff = 0.75 * k / n
+    se_diff = 0.75 * (k / n * (1 - k / n) / n) ** 0.5
+    assert b["difference"]["mean"] == pytest.approx(diff)
+    assert b["difference"]["lower_90"] == pytest.approx(diff - 1.2816 * se_diff, abs=0.004)
+    lo, hi = b["ratio"]["interval_95"]
+    assert lo == pytest.approx(1 + (diff - 1.96 * se_diff) / 0.25, abs=0.03)
+    assert hi == pytest.approx(1 + (diff + 1.96 * se_diff) / 0.25, abs=0.03)
+
+
+def test_bootstrap_needs_per_task_outcomes_of_both_methods():
+    runs = [_paired(0, [0.0], [0.5], [1.0])]
+    del runs[0]["tasks_trace"]
+    assert stats.paired_bootstrap(runs) is None
+    over = [{**_paired(0, [0.0], [0.5], [1.0]), "over_budget": "spent 700 of 640"}]
+    assert stats.paired_bootstrap(over) is None  # TRACE over its budget is out, as in the table
+
+
+def test_bootstrap_is_stored_and_printed(tmp_path, run_benchmark):
+    """--combine computes the bootstrap of the runs' per-task outcomes, stores it per budget and prints it."""
+    n = 30
+    paths = []
+    for seed, gain in ((0, 0.6), (1, 0.4)):
+        tasks = {
+            "tasks_base": _outcomes([0.0] * n),
+            "tasks_grpo_target": _outcomes([0.2] * n),
+            "tasks_trace": _outcomes([gain] * n),
+        }
+        run = _run(640, seed, 0.0, 0.2, gain, 0.1, **tasks)
+        paths.append(_result(tmp_path / f"{seed}.json", seed, 0.2, gain, runs=[run]))
+    out = tmp_path / "all.json"
+    proc = run_benchmark("sample_efficiency.py", "--combine", *map(str, paths), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    boot = results.read(out)["targets"]["shop-mixed"]["bootstrap"]["640"]
+    assert boot["seeds"] == [0, 1] and boot["difference"]["mean"] == 0.3 and boot["ratio"]["mean"] == 2.5
+    assert boot["ratio"]["interval_95"] == [2.0, 3.0] and boot["difference"]["lower_90"] == 0.2
+    assert "paired bootstrap" in proc.stdout and "[2.00, 3.00]" in proc.stdout
+
+
+def _meta(**over):
+    return {
+        "commit": "abc",
+        "dirty": False,
+        "command": "python benchmarks/sample_efficiency.py",
+        "held_out": "500000:500010",
+        "settings": {"budgets": [64, 128]},
+        "targets_run": ["shop-mixed"],
+        **over,
+    }
+
+
+def test_a_stopped_run_resumes_the_units_it_finished(tmp_path):
+    """Progress writes OUT.partial.json after each (target, seed, method); a new process with the same commit
+    and settings takes the finished units from it and computes only the others; another commit, other settings
+    or another checkout state (dirty instead of clean) start over."""
+    path = tmp_path / "se.partial.json"
+    calls = []
+
+    def unit(seed, pass1):
+        calls.append(seed)
+        return {64: {"grpo_target": pass1, "tasks_grpo_target": {"t-1": pass1}}, 128: {"grpo_target": pass1}}
+
+    first = results.Progress(path, _meta())
+    first.unit("shop-mixed", 0, "grpo_target", unit, 0, 0.25)
+    assert calls == [0] and results.read(path, results.PARTIAL)["done"] == [["shop-mixed", 0, "grpo_target"]]
+    # the process is killed here; the same command again:
+    again = results.Progress(path, _meta())
+    rows = again.unit("shop-mixed", 0, "grpo_target", unit, 0, 0.99)
+    assert calls == [0] and rows == {
+        64: {"grpo_target": 0.25, "tasks_grpo_target": {"t-1": 0.25}},
+        128: {"grpo_target": 0.25},
+    }
+    again.unit("shop-mixed", 1, "grpo_target", unit, 1, 0.5)
+    assert calls == [0, 1] and len(results.read(path, results.PARTIAL)["done"]) == 2
+    for changed in ({"commit": "def"}, {"settings": {"budgets": [64]}}, {"dirty": True}):
+        calls.clear()
+        fresh = results.Progress(path, _meta(**changed))
+        fresh.unit("shop-mixed", 0, "grpo_target", unit, 0, 0.5)
+        assert calls == [0], changed
+    again.finished()
+    assert not path.exists()
 
 
 @pytest.mark.slow
-def test_tiny_run_end_to_end(tmp_path):
+def test_tiny_run_end_to_end(tmp_path, run_benchmark):
     """Every method at two budgets on 10 held-out seeds of shop-mixed (tiny budgets: correctness, not a result)."""
     out = tmp_path / "se.json"
-    proc = _bench(
+    proc = run_benchmark(
+        "sample_efficiency.py",
         "--target",
         "shop-mixed",
         "--train-seeds",
@@ -225,10 +367,75 @@ def test_tiny_run_end_to_end(tmp_path):
     assert set(res["targets"]["shop-mixed"]["families_at_largest_budget"]["base"]) >= {
         "shop-mixed-cancel_order"
     }
+    # every method's outcome on every test task is kept (the paired analysis), and single_best's validation
+    # rollouts are charged to it
+    assert len(top["tasks_base"]) == len(top["tasks_grpo_target"]) == 10
+    if top["environments"]:
+        assert len(top["tasks_trace"]) == len(top["tasks_single_best"]) == 10
+        assert top["spent_single_best"]["validation"] == 5 * len(top["environments"])
+    assert set(res["targets"]["shop-mixed"]["bootstrap"]) == {"64", "128"}
 
 
-def test_methods_option():
-    assert se.parse_args(["--methods", "trace"]).methods == ["trace"]
-    assert se.parse_args([]).methods == ["grpo_target", "trace"]
-    with pytest.raises(SystemExit):
-        se.parse_args(["--methods", "trace,gepa"])
+def test_settings_from_the_command_line():
+    s = settings.parse_settings(["--methods", "trace", "--quick", "--held-out", "7:9"], "doc")
+    assert s.methods == ("trace",) and s.budgets == (640, 1280) and s.held_out == "7:9" and s.cal_seeds == 16
+    assert s.out.name == "sample_efficiency_mixed_quick.json" and s.plot == s.out.with_suffix(".png")
+    assert s.record()["budgets"] == [640, 1280] and "out" not in s.record()
+    full = settings.parse_settings([], "doc")
+    assert full.methods == ("grpo_target", "trace") and full.train_seeds == (0, 1, 2)
+    with pytest.raises(AttributeError):  # frozen
+        full.budgets = (1,)  # type: ignore[misc]
+    for bad in (["--methods", "trace,gepa"], ["--target", "airline"], ["--budgets", "6x"]):
+        with pytest.raises(SystemExit) as e:
+            settings.parse_settings(bad, "doc")
+        assert e.value.code == 2
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_where_it_stopped(tmp_path, run_benchmark):
+    """GRPO-on-target for training seeds 0 and 1 at a tiny budget in one process, killed once seed 0 is in
+    OUT.partial.json: the same command again takes seed 0 from there, runs only seed 1, and writes the result."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "se.json"
+    partial = out.with_suffix(".partial.json")
+    args = [
+        *("--target", "shop-mixed", "--methods", "grpo_target", "--train-seeds", "0,1", "--budgets", "16"),
+        *("--episodes-per-step", "8", "--num-generations", "4", "--held-out", "500000:500004"),
+        *("--store", str(tmp_path / "store"), "--out", str(out)),
+    ]
+    script = str(Path(results.REPO) / "benchmarks" / "sample_efficiency.py")
+    first = subprocess.Popen(
+        [sys.executable, script, *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 1200
+        while not partial.exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert first.poll() is None, "the run ended before it could be stopped"
+        os.killpg(first.pid, signal.SIGKILL)
+    finally:
+        first.wait()
+    assert [tuple(u) for u in results.read(partial, results.PARTIAL)["done"]] == [
+        ("shop-mixed", 0, "grpo_target")
+    ]
+    seed0 = next(r["row"] for r in results.read(partial, results.PARTIAL)["runs"] if r["seed"] == 0)
+    proc = run_benchmark("sample_efficiency.py", *args, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "shop-mixed/grpo_target/0: done in se.partial.json, not run again" in proc.stderr
+    assert (
+        "shop-mixed/grpo_target/0: train" not in proc.stderr
+        and "shop-mixed/grpo_target/1: train" in proc.stderr
+    )
+    res = results.read(out)
+    by_seed = {r["seed"]: r for r in res["runs"]}
+    assert set(by_seed) == {0, 1} and not partial.exists()
+    assert by_seed[0]["tasks_grpo_target"] == seed0["tasks_grpo_target"] and seed0["grpo_rollouts"] == 16
+    assert len(by_seed[1]["tasks_grpo_target"]) == 4 and len(by_seed[1]["tasks_base"]) == 4

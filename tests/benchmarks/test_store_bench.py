@@ -3,38 +3,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
 
-
-def test_store_bench_tiny(tmp_path, tau2_dir):
+def test_store_bench_tiny(tmp_path, tau2_dir, run_benchmark):
     out = tmp_path / "bench.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "benchmarks" / "store_bench.py"),
-            "--quick",
-            "--episodes",
-            "60",
-            "--shard-episodes",
-            "15",
-            "--repeats",
-            "2",
-            "--baseline-chunksize",
-            "25",
-            "--tau2-dir",
-            str(tau2_dir),
-            "--workdir",
-            str(tmp_path / "work"),
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    proc = run_benchmark(
+        "store_bench.py",
+        *"--quick --episodes 60 --shard-episodes 15 --repeats 2 --baseline-chunksize 25".split(),
+        *("--tau2-dir", str(tau2_dir), "--workdir", str(tmp_path / "work"), "--out", str(out)),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads(out.read_text())
@@ -55,11 +32,8 @@ def test_store_bench_tiny(tmp_path, tau2_dir):
 
 def test_corpus_shapes_match_the_real_files(tmp_path, tau2_dir):
     """Generated τ² shards are results files `trace ingest tau2` reads; ids unique; rewards 0/1."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import store_bench
-    finally:
-        sys.path.pop(0)
+    import store_bench
+
     domains = store_bench.load_domains(tau2_dir)
     meta = store_bench.generate_corpus(
         domains, tmp_path / "c", episodes=30, target_calls=300, shard_episodes=100, trials=2, seed=1

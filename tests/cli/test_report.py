@@ -9,6 +9,7 @@ import json
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from trace_testing import run_cli, snapshot
@@ -16,6 +17,7 @@ from trace_testing import run_cli, snapshot
 from trace_cli.stages.base import execute
 from trace_cli.store import Store
 
+REPO = Path(__file__).resolve().parents[2]
 SCRIPTED = "policy:demonstration?deficits=precondition_verification,multi_step_completion&rate=1"
 
 
@@ -89,29 +91,106 @@ def test_report_for_a_recipe_shows_only_its_artifacts(demo_store, tmp_path):
     assert [r["name"] for r in data["evals"][0]["runs"]] == ["reference-eval"]
 
 
-def test_report_adds_the_sample_efficiency_plot(demo_store, tmp_path):
-    se = tmp_path / "se.json"
-    se.write_text(
-        json.dumps(
-            {
-                "budgets": [
-                    {"rollouts": 256, "base": 0.3, "grpo_target": {"mean": 0.32, "std": 0.01}, "trace": 0.35},
-                    {
-                        "rollouts": 1024,
-                        "base": 0.3,
-                        "grpo_target": {"mean": 0.36, "std": 0.02},
-                        "trace": 0.42,
-                    },
-                ]
-            }
-        )
-    )
+def _se_data(page: str) -> dict:
+    return json.loads(re.search(r'id="trace-report-data">(.*?)</script>', page, re.S).group(1))[
+        "sample_efficiency"
+    ]
+
+
+def _benchmark():
+    """benchmarks/se: the sample-efficiency benchmark's own results code (its writer, --combine, schemas)."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from se import results, stats
+
+    return results, stats
+
+
+def test_report_renders_the_committed_sample_efficiency_result(demo_store, tmp_path):
+    """The result the README quotes, as the benchmark wrote it (it conforms to the benchmark's schema)."""
+    results, _ = _benchmark()
+    committed = REPO / "benchmarks" / "results" / "sample_efficiency_mixed.json"
+    doc = results.read(committed)
     a, b = tmp_path / "a.html", tmp_path / "b.html"
     assert run_cli("report", "--out", str(a), "--store", str(demo_store.root)).exit_code == 0
-    r = run_cli("report", "--out", str(b), "--sample-efficiency", str(se), "--store", str(demo_store.root))
+    r = run_cli(
+        "report", "--out", str(b), "--sample-efficiency", str(committed), "--store", str(demo_store.root)
+    )
     assert r.exit_code == 0, r.output
-    assert len(_pngs(b.read_text())) == len(_pngs(a.read_text())) + 1
-    assert "Sample efficiency" in b.read_text()
+    page = b.read_text()
+    assert len(_pngs(page)) == len(_pngs(a.read_text())) + 1 and "Sample efficiency" in page
+    [panel] = _se_data(page)["targets"]
+    rows = doc["targets"]["shop-mixed"]["budgets"]
+    assert panel["target"] == "shop-mixed" and panel["rollouts"] == [640, 1280, 2560]
+    assert panel["methods"]["trace"]["mean"] == [r["trace"]["mean"] for r in rows]
+    assert panel["methods"]["merge"]["mean"] == [None, None, rows[2]["merge"]["mean"]]
+    assert panel["gain_ratio"] == [r["gain_ratio"] for r in rows]
+    assert f"{rows[2]['gain_ratio']:.2f}×" in page  # the table beside the plot
+
+
+def test_report_renders_a_combined_result_with_its_bootstrap(demo_store, tmp_path):
+    """Per-seed files written by the benchmark's writer (with per-task outcomes), combined by the benchmark's
+    --combine: the page shows each target's plot, the table and the paired bootstrap the benchmark computed."""
+    results, stats = _benchmark()
+    paths = []
+    for seed, trace in ((0, 0.6), (1, 0.4)):
+        tasks = {
+            f"tasks_{m}": {f"t-{i}": v for i in range(20)}
+            for m, v in (("base", 0.0), ("grpo_target", 0.2), ("trace", trace))
+        }
+        runs = [
+            {
+                "target": t,
+                "budget": 640,
+                "seed": seed,
+                "base": 0.0,
+                "grpo_target": 0.2,
+                "trace": trace,
+                **tasks,
+            }
+            for t in ("shop", "shop-mixed")
+        ]
+        doc = {
+            "benchmark": "sample_efficiency",
+            "commit": f"c{seed}",
+            "dirty": False,
+            "command": "python benchmarks/sample_efficiency.py",
+            "held_out": "500000:500020",
+            "train_seeds": [seed],
+            "settings": {"budgets": [640], "episodes_per_step": 32, "learning_rate": 0.002},
+            "targets": stats.summarize(runs),
+            "runs": runs,
+        }
+        paths.append(results.write(tmp_path / f"se-{seed}.json", doc))
+    combined = results.combine(paths)
+    out = tmp_path / "se.json"
+    results.write(
+        out,
+        {
+            "benchmark": "sample_efficiency",
+            **combined["meta"],
+            "targets": stats.summarize(combined["runs"]),
+            "runs": combined["runs"],
+        },
+    )
+    r = run_cli(
+        "report",
+        "--out",
+        str(tmp_path / "r.html"),
+        "--sample-efficiency",
+        str(out),
+        "--store",
+        str(demo_store.root),
+    )
+    assert r.exit_code == 0, r.output
+    page = (tmp_path / "r.html").read_text()
+    se = _se_data(page)
+    assert [p["target"] for p in se["targets"]] == ["shop", "shop-mixed"] and se["commits"] == ["c0", "c1"]
+    boot = se["targets"][1]["bootstrap"]["640"]
+    assert boot["difference"]["mean"] == 0.3 and boot["ratio"]["interval_95"] == [2.0, 3.0]
+    assert "90 % lower bound +0.200" in page and "95 % interval [2.00, 3.00]" in page
+    assert "commit(s) c0, c1 (clean)" in page
 
 
 def test_report_bad_input_exits_2_and_writes_nothing(demo_store, tmp_path):

@@ -28,6 +28,41 @@ def _img(png: bytes, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
 
 
+def _num(x: Any, fmt: str = "{:.3f}") -> str:
+    return "" if x is None else fmt.format(x)
+
+
+def _provenance(se: dict[str, Any]) -> str:
+    state = {True: "dirty", False: "clean", None: "state not recorded"}.get(se.get("dirty"), "")
+    commits = ", ".join(c[:10] for c in se.get("commits") or [se.get("commit") or "?"])
+    return (
+        f"{se['file']}: commit(s) {commits} ({state}); test seeds {se.get('held_out')}, "
+        f"training seeds {se.get('train_seeds')}; TRACE = the MoE"
+    )
+
+
+def _se_table(panel: dict[str, Any]) -> str:
+    """Mean pass@1 per method and budget, the gain ratio, and the paired bootstrap where the file has it."""
+    methods = list(panel["methods"])
+    head = "".join(f"<th>{html.escape(m)}</th>" for m in ["rollouts", *methods, "gain ratio"])
+    body = ""
+    for i, x in enumerate(panel["rollouts"]):
+        cells = [_num(panel["methods"][m]["mean"][i]) for m in methods]
+        cells.append(_num(panel["gain_ratio"][i], "{:.2f}×"))
+        body += f"<tr><td>{x}</td>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
+    boot = ""
+    for budget, b in panel["bootstrap"].items():
+        d, r = b["difference"], b["ratio"]
+        ci = r.get("interval_95")
+        boot += (
+            f"<li>{budget} rollouts ({len(b['seeds'])} seeds × {b['tasks']} tasks, paired bootstrap): TRACE gain − "
+            f"GRPO gain {d['mean']:+.3f}, 90 % lower bound {d['lower_90']:+.3f}; gain ratio "
+            f"{_num(r.get('mean'), '{:.2f}×')}, 95 % interval "
+            f"{'–' if ci is None else f'[{ci[0]:.2f}, {ci[1]:.2f}]'}</li>"
+        )
+    return f"<table><tr>{head}</tr>{body}</table>" + (f"<ul>{boot}</ul>" if boot else "")
+
+
 def render(data: dict[str, Any]) -> tuple[str, int]:
     """The page and the number of figures in it."""
     from trace_cli.report import plots
@@ -73,8 +108,12 @@ def render(data: dict[str, Any]) -> tuple[str, int]:
         parts.append("<h2>Composition routing</h2>")
         fig(plots.routing(data["routing"]), "routing accuracy per expert on held-out turns")
     if data.get("sample_efficiency"):
+        se = data["sample_efficiency"]
         parts.append("<h2>Sample efficiency</h2>")
-        fig(plots.sample_efficiency(data["sample_efficiency"]), "held-out pass@1 against rollouts")
+        parts.append(f"<p class=muted>{html.escape(_provenance(se))}</p>")
+        for panel in se["targets"]:
+            fig(plots.sample_efficiency(panel), f"{panel['target']}: held-out pass@1 against rollouts")
+            parts.append(_se_table(panel))
     if not figures:
         parts.append("<p>The store holds no diagnosis, environment, adapter, eval or composition yet.</p>")
     title = f"trace report — {data['store']}"

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 
 from trace_cli.config import safe_yaml
 from trace_cli.envs.artifact import read_environment
-from trace_cli.errors import TraceError
+from trace_cli.errors import TraceError, UsageError
 from trace_cli.store import Store
 
 
@@ -37,17 +37,20 @@ def _keep(art, names, only: set[str] | None) -> bool:
     return any(n in only or any(n.startswith(p[:-1]) for p in only if p.endswith("-*")) for n in mine)
 
 
+def _kept(store: Store, kind: str, only: set[str] | None) -> list[tuple[Any, str]]:
+    """The artifacts of `kind` the report shows (all, or those a recipe names), each with its label."""
+    names = _names(store)
+    return [(art, _label(art, names)) for art in store.list(kind) if _keep(art, names, only)]
+
+
 def _yaml(path: Path) -> dict[str, Any]:
     return safe_yaml.load(path.read_bytes()) or {}
 
 
 def diagnoses(store: Store, only: set[str] | None = None) -> list[dict[str, Any]]:
     """Per diagnosis: every capability's mean Δ and coverage, whether it was selected, and the thresholds."""
-    names = _names(store)
     out = []
-    for art in store.list("diagnosis"):
-        if not _keep(art, names, only):
-            continue
+    for art, label in _kept(store, "diagnosis", only):
         doc = _yaml(art.path / "capabilities.yaml")
         caps = []
         for status in ("selected", "rejected"):
@@ -66,7 +69,7 @@ def diagnoses(store: Store, only: set[str] | None = None) -> list[dict[str, Any]
         th = doc.get("thresholds") or {}
         out.append(
             {
-                "name": _label(art, names),
+                "name": label,
                 "rollouts": doc.get("rollouts"),
                 "analyst": doc.get("analyst"),
                 "delta_min": float(th.get("delta_min", 0.2)),
@@ -79,11 +82,8 @@ def diagnoses(store: Store, only: set[str] | None = None) -> list[dict[str, Any]
 
 def calibrations(store: Store, only: set[str] | None = None) -> list[dict[str, Any]]:
     """Per environment: the calibration attempts (level, success) against the target band."""
-    names = _names(store)
     out = []
-    for art in store.list("environment"):
-        if not _keep(art, names, only):
-            continue
+    for art, label in _kept(store, "environment", only):
         doc = read_environment(art)
         cal = doc.get("calibration") or {}
         attempts = []
@@ -102,7 +102,7 @@ def calibrations(store: Store, only: set[str] | None = None) -> list[dict[str, A
                 )
         out.append(
             {
-                "name": _label(art, names),
+                "name": label,
                 "capability": doc.get("capability"),
                 "model": cal.get("model"),
                 "band": list(cal.get("band") or [0.2, 0.6]),
@@ -115,10 +115,9 @@ def calibrations(store: Store, only: set[str] | None = None) -> list[dict[str, A
 
 def reward_curves(store: Store, only: set[str] | None = None) -> list[dict[str, Any]]:
     """Per GRPO adapter: reward (and success) per optimizer step, with the rollouts consumed."""
-    names = _names(store)
     out = []
-    for art in store.list("adapter"):
-        if not _keep(art, names, only) or (art.summary or {}).get("snapshot_of"):
+    for art, label in _kept(store, "adapter", only):
+        if (art.summary or {}).get("snapshot_of"):
             continue  # a snapshot's curve is the first steps of its run's
         f = art.path / "train_metrics.parquet"
         if not f.is_file():
@@ -126,7 +125,7 @@ def reward_curves(store: Store, only: set[str] | None = None) -> list[dict[str, 
         rows = pq.read_table(f).to_pylist()
         out.append(
             {
-                "name": _label(art, names),
+                "name": label,
                 "capability": (art.summary or {}).get("capability"),
                 "steps": [r["step"] for r in rows],
                 "reward": [r.get("reward") for r in rows],
@@ -139,17 +138,14 @@ def reward_curves(store: Store, only: set[str] | None = None) -> list[dict[str, 
 
 def evals(store: Store, only: set[str] | None = None) -> list[dict[str, Any]]:
     """Per environment evaluated: every model's pass@1 and pass^k, overall and per task family."""
-    names = _names(store)
     by_env: dict[str, list[dict[str, Any]]] = {}
-    for art in store.list("eval"):
-        if not _keep(art, names, only):
-            continue
+    for art, label in _kept(store, "eval", only):
         s = art.summary or {}
         cfg = art.config or {}
         env = str(cfg.get("env"))
         by_env.setdefault(env, []).append(
             {
-                "name": _label(art, names),
+                "name": label,
                 "model": str(cfg.get("model")),
                 "seeds": cfg.get("seeds"),
                 "pass@1": s.get("pass@1"),
@@ -162,20 +158,16 @@ def evals(store: Store, only: set[str] | None = None) -> list[dict[str, Any]]:
 
 def routing(store: Store, only: set[str] | None = None) -> list[dict[str, Any]]:
     """Per composition whose summary reports routing accuracy: overall and per expert."""
-    names = _names(store)
     out = []
-    for art in store.list("composition"):  # a store from before compose existed simply has none
-        if not _keep(art, names, only):
-            continue
+    # a store from before compose existed simply has none
+    for art, label in _kept(store, "composition", only):
         s = art.summary or {}
         acc = s.get("routing_accuracy")
         if acc is None:
             continue
         per = acc.get("per_expert", {}) if isinstance(acc, dict) else {}
         overall = acc.get("overall") if isinstance(acc, dict) else acc
-        out.append(
-            {"name": _label(art, names), "method": s.get("method"), "overall": overall, "per_expert": per}
-        )
+        out.append({"name": label, "method": s.get("method"), "overall": overall, "per_expert": per})
     return out
 
 
@@ -190,6 +182,66 @@ def recipe_names(recipe: Path) -> set[str]:
         doc = _yaml(recipe)
         return {str(s["name"]) for s in doc.get("steps") or [] if isinstance(s, dict) and s.get("name")}
     return {f"{s.name}-*" if s.fans_out else s.name for s in steps if s.name}
+
+
+SE_METHODS = ("base", "grpo_target", "trace", "router", "moe", "merge", "single_best", "trace_train")
+
+
+def _mean(v: Any) -> float | None:
+    """A method's number in a budget row: the mean of a {mean, std, runs} cell (or a bare number, as files
+    written before the per-target format hold)."""
+    v = v.get("mean") if isinstance(v, dict) else v
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _panel(target: str, t: Any, where: str) -> dict[str, Any]:
+    rows = t.get("budgets") if isinstance(t, dict) else None
+    if (
+        not isinstance(rows, list)
+        or not rows
+        or not all(isinstance(r, dict) and "rollouts" in r for r in rows)
+    ):
+        raise UsageError(
+            f"{where}: expected benchmarks/sample_efficiency.py's JSON: 'budgets' must be a list of rows with "
+            "'rollouts'"
+        )
+    rows = sorted(rows, key=lambda r: r["rollouts"])
+    methods = {}
+    for m in SE_METHODS:
+        cells = [r.get(m) for r in rows]
+        mean = [_mean(c) for c in cells]
+        std = [(c.get("std") or 0.0) if isinstance(c, dict) else 0.0 for c in cells]
+        if any(x is not None for x in mean):
+            methods[m] = {"mean": mean, "std": std}
+    boot = t.get("bootstrap") or {}
+    return {
+        "target": target,
+        "rollouts": [r["rollouts"] for r in rows],
+        "methods": methods,
+        "gain_ratio": [r.get("gain_ratio") for r in rows],
+        "bootstrap": {str(b): v for b, v in boot.items() if v},
+    }
+
+
+def read_sample_efficiency(path: Path) -> dict[str, Any]:
+    """benchmarks/sample_efficiency.py's result: one panel per target (`targets.<t>.budgets`; a file written
+    before targets existed has one top-level `budgets`), each with every method's mean and std per budget, the
+    gain ratio and the paired bootstrap. UsageError (exit 2) for a file that is neither."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path}: not JSON ({e})") from None
+    if isinstance(doc, dict) and isinstance(doc.get("targets"), dict) and doc["targets"]:
+        panels = [_panel(t, v, f"{path}: targets.{t}") for t, v in sorted(doc["targets"].items())]
+    elif isinstance(doc, dict) and "budgets" in doc:
+        panels = [_panel(str(doc.get("target") or "shop"), doc, str(path))]
+    else:
+        raise UsageError(
+            f"{path}: expected benchmarks/sample_efficiency.py's JSON (an object with 'targets', each with "
+            "'budgets')"
+        )
+    keep = ("commit", "dirty", "commits", "held_out", "train_seeds", "command")
+    return {"file": str(path), **{k: doc.get(k) for k in keep}, "targets": panels}
 
 
 def collect(
@@ -207,5 +259,5 @@ def collect(
         "sample_efficiency": None,
     }
     if sample_efficiency:
-        data["sample_efficiency"] = json.loads(Path(sample_efficiency).read_text(encoding="utf-8"))
+        data["sample_efficiency"] = read_sample_efficiency(sample_efficiency)
     return data

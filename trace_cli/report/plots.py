@@ -115,21 +115,22 @@ def routing(comps: list[dict[str, Any]]) -> bytes:
     return _png(fig)
 
 
-def sample_efficiency(doc: dict[str, Any]) -> bytes:
-    """pass@1 against rollouts for every method in benchmarks/sample_efficiency.py's JSON (mean ± std)."""
-    rows = sorted(doc.get("budgets") or [], key=lambda r: r["rollouts"])
-    methods = [k for k in (rows[0] if rows else {}) if k not in ("rollouts", "budget")]
+def sample_efficiency(panel: dict[str, Any]) -> bytes:
+    """Held-out pass@1 against rollouts for every method of one target (mean ± std over training seeds), from
+    collect.read_sample_efficiency."""
     fig, ax = plt.subplots(figsize=(7, 4))
-    xs = [r["rollouts"] for r in rows]
-    for m in methods:
-        mean = [(r[m]["mean"] if isinstance(r[m], dict) else r[m]) for r in rows]
-        std = [((r[m].get("std") or 0) if isinstance(r[m], dict) else 0) for r in rows]
-        if any(not isinstance(v, (int, float)) for v in mean):  # a method without a number at some budget
+    xs = panel["rollouts"]
+    for m, v in panel["methods"].items():
+        pts = [(x, y, e) for x, y, e in zip(xs, v["mean"], v["std"], strict=True) if y is not None]
+        if not pts:
             continue
-        ax.errorbar(xs, mean, yerr=std, marker="o", capsize=3, label=m)
-    ax.set_xscale("log")
-    ax.set_xlabel("rollouts (all counted)")
+        px, py, pe = zip(*pts, strict=True)
+        style = "--" if m == "base" else (":" if m.endswith("_train") else "-")
+        label = "trace (training rollouts only)" if m == "trace_train" else m
+        ax.errorbar(px, py, yerr=pe, marker="o", ls=style, capsize=3, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("rollouts (all counted; dotted: training only)")
     ax.set_ylabel("held-out pass@1")
     ax.legend(fontsize=8)
-    ax.set_title("sample efficiency", fontsize=10)
+    ax.set_title(f"sample efficiency: {panel['target']}", fontsize=10)
     return _png(fig)

@@ -3,34 +3,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.mark.slow
-def test_train_bench_quick(tmp_path):
+def test_train_bench_quick(tmp_path, run_benchmark):
     out = tmp_path / "bench.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "benchmarks" / "train_bench.py"),
-            "--quick",
-            "--multi-turn-turns",
-            "0",
-            "--workdir",
-            str(tmp_path / "work"),
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    work = ("--workdir", str(tmp_path / "work"), "--out", str(out))
+    proc = run_benchmark("train_bench.py", "--quick", "--multi-turn-turns", "0", *work, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(out.read_text())
     for side in ("trace", "bare_trl"):
@@ -41,7 +22,6 @@ def test_train_bench_quick(tmp_path):
 
 
 def _bench():
-    sys.path.insert(0, str(REPO / "benchmarks"))
     import train_bench
 
     return train_bench

@@ -1,0 +1,178 @@
+"""The benchmark's settings: parsed from the command line once into a frozen `Settings`."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from common import REPO, RESULTS
+
+TARGET_TRAIN = 300000  # target seeds for diagnosis and GRPO-on-target (disjoint from test and validation)
+MAX_TURNS = {"shop": 12, "shop-mixed": 16}  # the target's own turn limit (synthesized environments: 12)
+TRAINED = ("grpo_target", "trace")  # the methods a process may run
+# option -> (default, default with --quick)
+DEFAULTS = {
+    "budgets": ("640,1280,2560", "640,1280"),
+    "train_seeds": ("0,1,2", "0"),
+    "held_out": ("500000:500200", "500000:500100"),
+    "validation": ("600000:600100", "600000:600050"),
+    "calibration": ("32x8", "16x8"),
+    "moe_seeds": (16, 8),
+}
+# the settings a result file records; files of one experiment agree on them (--combine checks)
+RECORDED = (
+    "budgets", "episodes_per_step", "num_generations", "learning_rate", "diagnosis_rollouts", "calibration",
+    "calibration_look", "calibration_attempts", "calibration_start", "moe_seeds", "moe_steps",
+    "max_new_tokens", "validation", "base",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Settings:
+    targets: tuple[str, ...]
+    budgets: tuple[int, ...]
+    train_seeds: tuple[int, ...]
+    methods: tuple[str, ...]
+    held_out: str
+    validation: str
+    calibration: str
+    moe_seeds: int
+    out: Path
+    plot: Path
+    quick: bool = False
+    store: Path | None = None
+    base: str = str(REPO / "examples" / "demo-base-agent")
+    diagnosis_rollouts: int = 100
+    calibration_look: int = 8
+    calibration_attempts: int = 4
+    calibration_start: str = "easiest"
+    moe_steps: int = 150
+    episodes_per_step: int = 32
+    num_generations: int = 8
+    learning_rate: float = 2e-3
+    max_new_tokens: int = 120
+    combine: tuple[Path, ...] = ()
+
+    @property
+    def cal_seeds(self) -> int:
+        return int(self.calibration.split("x")[0])
+
+    @property
+    def cal_rollouts(self) -> int:
+        return int(self.calibration.split("x")[1])
+
+    def record(self) -> dict[str, Any]:
+        """What a result file keeps of the settings."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in vars(self).items() if k in RECORDED}
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        description=doc.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n\n".join(doc.split("\n\n")[-1:]),
+    )
+    add = ap.add_argument
+    add(
+        "--quick",
+        action="store_true",
+        help="1 training seed, budgets 640,1280, 100 test seeds, calibration 16x8",
+    )
+    add("--store", type=Path, default=None, help="store directory (default: a fresh temp dir)")
+    add("--base", default=Settings.base, help="base model source")
+    add("--target", default="shop-mixed,shop", help="target environments, comma-separated (shop-mixed, shop)")
+    add("--budgets", default=None, help="rollout budgets, comma-separated (640,1280,2560)")
+    add("--train-seeds", default=None, help="training seeds per method (0,1,2)")
+    add("--held-out", default=None, help="held-out test seeds A:B (500000:500200)")
+    add("--validation", default=None, help="validation seeds, to choose single_best (600000:600100)")
+    add("--diagnosis-rollouts", type=int, default=100, help="TRACE's target rollouts to diagnose")
+    add("--calibration", default=None, help="calibration seeds (at most) x rollouts per attempt (32x8)")
+    add("--calibration-look", type=int, default=8, help="sequential test: seeds per look")
+    add("--calibration-attempts", type=int, default=4, help="calibration attempts at most")
+    add(
+        "--calibration-start",
+        choices=("easiest", "default"),
+        default="easiest",
+        help="the difficulty level calibration starts from: the template's easiest (a base that lacks the "
+        "capability is usually below the band at the default level) or its default",
+    )
+    add(
+        "--methods",
+        default="grpo_target,trace",
+        help="trained methods to run (comma-separated subset of grpo_target,trace); the base is always measured",
+    )
+    add("--moe-seeds", type=int, default=None, help="MoE gate transcripts per expert environment (16)")
+    add("--moe-steps", type=int, default=150, help="MoE gate training steps")
+    add("--episodes-per-step", type=int, default=32, help="GRPO episodes per optimizer step")
+    add("--num-generations", type=int, default=8, help="GRPO group size")
+    add("--learning-rate", type=float, default=2e-3, help="GRPO learning rate (LoRA)")
+    add("--max-new-tokens", type=int, default=120)
+    add(
+        "--out",
+        type=Path,
+        default=None,
+        help="JSON path (default: results/sample_efficiency_mixed[_quick].json)",
+    )
+    add("--plot", type=Path, default=None, help="PNG path (default: next to --out)")
+    add(
+        "--combine",
+        nargs="+",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="no training: merge these result files (per target, seed or method) into one table; a file of a "
+        "run from a dirty checkout (or one that does not say) is refused",
+    )
+    return ap
+
+
+def parse_settings(argv: list[str] | None, doc: str) -> Settings:
+    """The command line as Settings (exit 2 with the reason for a bad option); --quick gives smaller defaults,
+    an option the command line names keeps its value."""
+    ap = parser(doc)
+    a = ap.parse_args(argv)
+    for k, (full, quick) in DEFAULTS.items():
+        if getattr(a, k) is None:
+            setattr(a, k, quick if a.quick else full)
+    targets = tuple(t for t in a.target.split(",") if t)
+    if not targets or set(targets) - set(MAX_TURNS):
+        ap.error(f"--target: a comma-separated subset of {','.join(MAX_TURNS)}, not {a.target!r}")
+    methods = tuple(m for m in a.methods.split(",") if m)
+    if not methods or set(methods) - set(TRAINED):
+        ap.error(f"--methods: a comma-separated subset of {','.join(TRAINED)}, not {a.methods!r}")
+    try:
+        budgets = tuple(sorted(int(x) for x in a.budgets.split(",")))
+        seeds = tuple(int(x) for x in a.train_seeds.split(","))
+        _ = [int(x) for x in a.calibration.split("x", 1)]
+    except ValueError as e:
+        ap.error(f"--budgets, --train-seeds and --calibration take integers ({e})")
+    out = a.out or RESULTS / (
+        "sample_efficiency_mixed_quick.json" if a.quick else "sample_efficiency_mixed.json"
+    )
+    return Settings(
+        targets=targets,
+        budgets=budgets,
+        train_seeds=seeds,
+        methods=methods,
+        held_out=a.held_out,
+        validation=a.validation,
+        calibration=a.calibration,
+        moe_seeds=a.moe_seeds,
+        out=out,
+        plot=a.plot or out.with_suffix(".png"),
+        quick=a.quick,
+        store=a.store,
+        base=a.base,
+        diagnosis_rollouts=a.diagnosis_rollouts,
+        calibration_look=a.calibration_look,
+        calibration_attempts=a.calibration_attempts,
+        calibration_start=a.calibration_start,
+        moe_steps=a.moe_steps,
+        episodes_per_step=a.episodes_per_step,
+        num_generations=a.num_generations,
+        learning_rate=a.learning_rate,
+        max_new_tokens=a.max_new_tokens,
+        combine=tuple(a.combine or ()),
+    )
