@@ -1,4 +1,4 @@
-"""The package's import layering (DESIGN §3): every import of `trace_cli.X` points to the importer's own package
+"""The package's import layering (ARCHITECTURE.md, "Layers"): every import of `trace_cli.X` points to the importer's own package
 or to a lower layer, and no modules import each other in a circle.
 
 Imports are read with `ast`, so nothing is imported: absolute and relative imports, also those inside functions

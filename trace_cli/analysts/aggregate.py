@@ -1,4 +1,4 @@
-"""Pure functions of the contrastive selection (TRACE §2, DESIGN.md §2), unit-tested on hand-computed cases.
+"""Pure functions of the contrastive selection (TRACE §2; ARCHITECTURE.md, "The method"), unit-tested on hand-computed cases.
 
 Per labelling run and capability c, over episodes weighted by how often the run sampled them:
   ER⁻ = LACKING_failed / (LACKING_failed + PRESENT_failed)      (NA and ERROR labels excluded)

@@ -10,9 +10,9 @@ from trace_cli.training.logps import checkpointing_active, plain_head, shared_pr
 
 
 def trainer_class():
-    """GRPOTrainer + dropping constant-reward groups from the loss (DESIGN §2: "groups with constant reward
-    dropped"). TRL gives such groups zero advantage; we also take their tokens out of the loss normaliser so
-    they do not dilute the groups that carry signal."""
+    """GRPOTrainer + dropping constant-reward groups from the loss (ARCHITECTURE.md, "The method": "groups with
+    constant reward dropped"). TRL gives such groups zero advantage; we also take their tokens out of the loss
+    normaliser so they do not dilute the groups that carry signal."""
     import torch
     from trl import GRPOTrainer
 
