@@ -28,7 +28,7 @@ def _replayed(name: str, seed: int, plan: list[dict[str, Any]]) -> dict[str, Any
     return {"messages": ep.messages, "tools": ep.tools}
 
 
-def corpus_episodes(env_names: list[str], n_seeds: int, seed: int = 0) -> list[dict[str, Any]]:
+def corpus_episodes(env_names: list[str], n_seeds: int, seed: int) -> list[dict[str, Any]]:
     """Reference solutions and deficit demonstrations ({messages, tools}) on `n_seeds` seeded draws per
     environment: the text a preset's tokenizer is trained on and pretraining copies from."""
     from trace_cli.envs.registry import make_env

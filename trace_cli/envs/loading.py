@@ -21,7 +21,7 @@ def load_environment(art: Any, **params: Any) -> Environment:
     # The stored params are the effective knob values (reproducible even if a template's levels change);
     # asking for another `level` means that level's knobs, so the stored ones are dropped then.
     merged = dict(params) if "level" in params else {**(doc.get("params") or {}), **params}
-    max_turns = merged.pop("max_turns", doc.get("max_turns", 12))
+    max_turns = merged.pop("max_turns", doc["max_turns"])  # environment.v1.json requires it
     if doc.get("source") == "template":
         from trace_cli.envs.synthetic import get_template
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from trace_cli.config.sampling import SamplingSettings
 from trace_cli.config.seeds import parse_seeds
 from trace_cli.errors import UsageError
 from trace_cli.stages.base import Prepared, checked_config
@@ -93,13 +94,8 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
 
     cfg = prepared.config
     seeds: list[int] = prepared.extra["seeds"]
-    policy = load_policy(
-        prepared.extra["model"],
-        temperature=cfg["temperature"],
-        top_p=cfg["top_p"],
-        max_new_tokens=cfg["max_new_tokens"],
-        seed=cfg["seed"],
-    )
+    sampling = SamplingSettings.of(cfg)
+    policy = load_policy(prepared.extra["model"], **sampling.policy_kwargs(), seed=cfg["seed"])
     jobs = [(s, t) for s in seeds for t in range(cfg["trials"])]
     import sys
     import time
@@ -110,7 +106,7 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
             policy,
             lambda: make_env(cfg["env"], store=store),
             jobs,
-            max_turns=cfg["max_turns"],
+            max_turns=sampling.max_turns,
             batch_size=cfg["batch_size"],
             on_done=lambda r: bar.advance(),
         )

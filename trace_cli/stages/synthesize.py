@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trace_cli.config.loading import load_artifact_yaml
+from trace_cli.config.sampling import SamplingSettings
 from trace_cli.errors import CheckFailed, UsageError
 from trace_cli.stages.base import Prepared, checked_config
 from trace_cli.store import Artifact, Store
@@ -94,6 +95,7 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
         if cfg["author"] == "hf" and not llm.get("model"):
             raise UsageError("the hf author needs llm.model (a local model dir or store://model/NAME)")
     cal = cfg["calibration"]
+    calibration_sampling(cfg)  # its cross-field check, before any compute
     if cal["band"][0] > cal["band"][1]:
         raise UsageError(f"calibration.band {cal['band']} is empty: low must not exceed high")
     train = _seed_range(cfg["seeds"]["train"], "train")
@@ -137,8 +139,8 @@ def load_calibration_policy(model, store: Store, cfg: dict[str, Any]):
     attempt are on-policy rollouts of GRPO's first step and can be reused as such."""
     from trace_cli.compose.policy import load_policy
 
-    cal = cfg["calibration"]
-    if cal["tokens"] and model.kind == "hf":
+    sampling = calibration_sampling(cfg)
+    if cfg["calibration"]["tokens"] and model.kind == "hf":
         from trace_cli.agents.token_history import TokenPolicy
         from trace_cli.models.importer import context_of
         from trace_cli.models.refs import load_hf
@@ -147,20 +149,19 @@ def load_calibration_policy(model, store: Store, cfg: dict[str, Any]):
         return TokenPolicy(
             hf,
             tok,
-            max_new_tokens=cal["max_new_tokens"],
-            budget=cal["max_completion_length"],
-            temperature=cal["temperature"],
-            top_p=cal["top_p"],
+            max_new_tokens=sampling.max_new_tokens,
+            budget=sampling.max_completion_length,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
             max_context=context_of(hf.config),
             seed=cfg["seed"],
         )
-    return load_policy(
-        model,
-        temperature=cal["temperature"],
-        top_p=cal["top_p"],
-        max_new_tokens=cal["max_new_tokens"],
-        seed=cfg["seed"],
-    )
+    return load_policy(model, **sampling.policy_kwargs(), seed=cfg["seed"])
+
+
+def calibration_sampling(cfg: dict[str, Any]) -> SamplingSettings:
+    """How calibration samples: the `calibration` block's settings and the episode's `max_turns`."""
+    return SamplingSettings.of(cfg["calibration"], max_turns=cfg["max_turns"])
 
 
 @dataclass
@@ -345,18 +346,13 @@ def _keep_token_rollouts(path, results: list[Any], policy: Any, prepared: Prepar
             }
         )
     write_calibration_rollouts(path, rows)
-    cfg, cal = prepared.config, prepared.config["calibration"]
+    cfg = prepared.config
     return {
         "file": CALIBRATION_ROLLOUTS,
         "episodes": len(rows),
         "seeds": len({r["seed"] for r in rows}),
-        "rollouts": cal["rollouts"],
-        "model_digest": prepared.extra["model"].digest,
-        "temperature": cal["temperature"],
-        "top_p": cal["top_p"],
-        "max_new_tokens": cal["max_new_tokens"],
-        "max_completion_length": cal["max_completion_length"],
-        "max_turns": cfg["max_turns"],
+        "rollouts": cfg["calibration"]["rollouts"],
+        **calibration_sampling(cfg).reuse_key(prepared.extra["model"].digest),
     }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trace_cli.config.sampling import SamplingSettings
 from trace_cli.errors import UsageError
 from trace_cli.store import Store
 
@@ -31,14 +32,7 @@ def calibration_replay(cfg, ref, store: Store, world: int) -> tuple[list[dict[st
             [],
             f"{art.uri} kept no calibration rollouts (calibrated by a policy, or before they were kept)",
         )
-    want = {
-        "model_digest": ref.digest,
-        "temperature": cfg["temperature"],
-        "top_p": cfg["top_p"],
-        "max_new_tokens": cfg["max_new_tokens"],
-        "max_completion_length": cfg["max_completion_length"],
-        "max_turns": cfg["max_turns"],
-    }
+    want = SamplingSettings.of(cfg).reuse_key(ref.digest)
     other = [f"{k} {meta.get(k)!r} (here {v!r})" for k, v in want.items() if meta.get(k) != v]
     if cfg["top_k"]:
         other.append(f"top_k {cfg['top_k']} (calibration samples without)")

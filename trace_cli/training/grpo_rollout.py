@@ -53,6 +53,7 @@ def make_rollout_func(spec: GRPOSpec, tokenizer, max_context: int, state: dict[s
     from trace_cli.envs.rollout import rollout
 
     replay = list(spec.replay)
+    sampling = spec.sampling
 
     def replayed(n: int) -> dict[str, list] | None:
         """The next n pre-generated episodes (whole groups), in rollout_func's format; None when too few are left."""
@@ -87,18 +88,18 @@ def make_rollout_func(spec: GRPOSpec, tokenizer, max_context: int, state: dict[s
             policy = TokenPolicy(
                 model,
                 tokenizer,
-                temperature=spec.temperature,
-                top_p=spec.top_p,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
                 top_k=spec.top_k,
-                max_new_tokens=spec.max_new_tokens,
-                budget=spec.max_completion_length,
+                max_new_tokens=sampling.max_new_tokens,
+                budget=sampling.max_completion_length,
                 max_context=max_context,
                 seed=run_seed,
                 generate_fn=_vllm_generate(trainer) if spec.use_vllm else None,
             )
             jobs = [(s, i) for i, s in enumerate(seeds)]
             results = rollout(
-                policy, spec.make_env, jobs, max_turns=spec.max_turns, batch_size=spec.rollout_batch_size
+                policy, spec.make_env, jobs, max_turns=sampling.max_turns, batch_size=spec.rollout_batch_size
             )
         seqs = [episode_sequence(r.turns, policy.eos_id) for r in results]
         state["rollout_s"] = state.get("rollout_s", 0.0) + time.monotonic() - t0

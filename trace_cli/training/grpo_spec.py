@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trace_cli.config.sampling import SamplingSettings
 from trace_cli.training import from_config
 
 
@@ -51,14 +52,19 @@ class GRPOSpec:
     seed: int
     report_to: str  # none | tensorboard | trackio: TRL's live metrics integrations
     logging_dir: str | None  # tensorboard event files (the stage resolves null to STORE/logs/train/ID)
+    snapshot_steps: Sequence[int]  # also save the adapter after these steps: output_dir/snapshots/step-N
     resume_from: str | None = None
-    snapshot_steps: Sequence[int] = ()  # also save the adapter after these steps: output_dir/snapshots/step-N
     # pre-generated on-policy episodes (calibration's, by the same base and sampler), served instead of new
     # rollouts while whole groups are left: dicts with prompt_ids, completion_ids, env_mask, reward, success,
     # n_actions, termination; consecutive runs of num_generations share a seed (one group)
     replay: Sequence[Mapping[str, Any]] = ()
     log: Callable[[dict[str, Any]], None] | None = None
     keep_model: bool = False  # return the trained PeftModel (tests inspect its parameters)
+
+    @property
+    def sampling(self) -> SamplingSettings:
+        """How its rollouts sample (the same settings calibration records for `reuse_calibration`)."""
+        return SamplingSettings.of(vars(self))
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], **run: Any) -> GRPOSpec:
