@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from trace_cli.agents.base import as_turn
+from trace_cli.config.sampling import SamplingSettings
 
 BUDGET_ERROR = "episode token budget (max_completion_length) exhausted"
 
@@ -83,6 +84,19 @@ class TokenPolicy:
         self._round = 0
         self._first: dict[str, list[int]] = {}  # first-prompt ids, shared by a group's rollouts of one seed
         self._gen_config = None
+
+    @classmethod
+    def sampling_as(cls, model: Any, tok: Any, sampling: SamplingSettings, **kw: Any) -> TokenPolicy:
+        """A policy that samples as `sampling` says, its episode budget being `max_completion_length`."""
+        return cls(
+            model,
+            tok,
+            max_new_tokens=sampling.max_new_tokens,
+            budget=sampling.max_completion_length,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            **kw,
+        )
 
     def _encode(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=False)["input_ids"]

@@ -78,22 +78,10 @@ def run_stats(rows: Iterable[tuple[bool, str, float]]) -> RunStats:
         if label not in ("LACKING", "PRESENT", "NA"):
             s.errors += w
             continue
-        if success:
-            s.total_passed += w
-            if label == "LACKING":
-                s.lacking_passed += w
-            elif label == "PRESENT":
-                s.present_passed += w
-            else:
-                s.na_passed += w
-        else:
-            s.total_failed += w
-            if label == "LACKING":
-                s.lacking_failed += w
-            elif label == "PRESENT":
-                s.present_failed += w
-            else:
-                s.na_failed += w
+        outcome = "passed" if success else "failed"
+        field = {"LACKING": "lacking", "PRESENT": "present", "NA": "na"}[label] + "_" + outcome
+        setattr(s, "total_" + outcome, getattr(s, "total_" + outcome) + w)
+        setattr(s, field, getattr(s, field) + w)
     return s
 
 

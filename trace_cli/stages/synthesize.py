@@ -146,16 +146,7 @@ def load_calibration_policy(model, store: Store, cfg: dict[str, Any]):
         from trace_cli.models.refs import load_hf
 
         hf, tok = load_hf(model)
-        return TokenPolicy(
-            hf,
-            tok,
-            max_new_tokens=sampling.max_new_tokens,
-            budget=sampling.max_completion_length,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            max_context=context_of(hf.config),
-            seed=cfg["seed"],
-        )
+        return TokenPolicy.sampling_as(hf, tok, sampling, max_context=context_of(hf.config), seed=cfg["seed"])
     return load_policy(model, **sampling.policy_kwargs(), seed=cfg["seed"])
 
 

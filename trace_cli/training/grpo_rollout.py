@@ -85,14 +85,11 @@ def make_rollout_func(spec: GRPOSpec, tokenizer, max_context: int, state: dict[s
             trainer.accelerator,
             gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
         ) as model:
-            policy = TokenPolicy(
+            policy = TokenPolicy.sampling_as(
                 model,
                 tokenizer,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
+                sampling,
                 top_k=spec.top_k,
-                max_new_tokens=sampling.max_new_tokens,
-                budget=sampling.max_completion_length,
                 max_context=max_context,
                 seed=run_seed,
                 generate_fn=_vllm_generate(trainer) if spec.use_vllm else None,
