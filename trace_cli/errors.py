@@ -1,4 +1,4 @@
-"""One error hierarchy; the CLI maps each class to an exit code (DESIGN.md §7)."""
+"""One error hierarchy; the CLI maps each class to an exit code (ARCHITECTURE.md, "Errors and exit codes")."""
 
 from __future__ import annotations
 

@@ -591,7 +591,7 @@ def _authored(st, in_band) -> object:
 
 @pytest.mark.needs_sandbox
 def test_a_crafted_environment_artifact_cannot_point_outside_or_swap_its_module(st, in_band, tmp_path):
-    import trace_cli.envs.artifact as artifact
+    import trace_cli.envs.loading as loading
 
     art = _authored(st, in_band)
     outside = tmp_path / "outside.py"
@@ -602,11 +602,11 @@ def test_a_crafted_environment_artifact_cannot_point_outside_or_swap_its_module(
         (str(outside), "not a file inside the artifact"),
         ("../../../outside.py", "not a file inside"),
     ):
-        artifact.MODULE_FACTORIES.clear()
+        loading.MODULE_FACTORIES.clear()
         doc_path.write_text(yaml.safe_dump({**doc, "module": module}))
         with pytest.raises(UsageError, match=why):
             make_env("store://environment/authored", store=st)
-    artifact.MODULE_FACTORIES.clear()
+    loading.MODULE_FACTORIES.clear()
     doc_path.write_text(yaml.safe_dump({**doc, "authoring": {**doc["authoring"], "sandbox": {"cpu_s": 1e9}}}))
     (art.path / doc["module"]).write_text(GOOD_MODULE + "\n# changed after commit\n")
     with pytest.raises(UsageError, match="does not match the hash"):

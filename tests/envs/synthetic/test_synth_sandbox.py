@@ -61,7 +61,9 @@ def test_good_module_passes_the_template_checks():
 
 def test_sandboxed_env_runs_in_the_rollout_loop():
     with SandboxWorker(GOOD, FAST) as w:
-        res = rollout(ReferencePolicy(), lambda: SandboxedEnv(w, {"level": 2}), [(s, 0) for s in range(6)])
+        res = rollout(
+            ReferencePolicy(), lambda: SandboxedEnv(w, {"level": 2}), [(s, 0) for s in range(6)], max_turns=12
+        )
     assert all(r.success and r.reward == 1.0 for r in res)
     assert res[0].env == "synthetic-precondition_verification"
 
