@@ -11,7 +11,11 @@ filter that refuses new processes. This program adds, before the untrusted modul
   reach and change: its allow-lists are frozensets captured in a closure, and the first blocked action is
   reported straight to the protocol descriptor and ends the process (`os._exit`), so a module that catches
   the PermissionError is still rejected. Introspection that could reach the hook (frames, gc object search,
-  changing function code) is blocked too.
+  changing function code) is blocked too, and so are sub-interpreters (they run under no hook). The jail,
+  not this hook, is the security boundary: the hook runs in the module's own interpreter;
+* no bytecode cache: every import after the hook compiles from source (no .pyc is looked for or loaded);
+* after every call, any signal handler or interval timer the module left is undone and reported as a
+  violation (with the parent freezing the process between calls, nothing of the module runs then).
 """
 
 import json
@@ -77,28 +81,11 @@ _PROC = frozenset(
 )
 _PATH_EVENTS = frozenset(
     {
-        "os.remove",
-        "os.rmdir",
-        "os.rename",
-        "os.mkdir",
-        "os.chmod",
-        "os.chown",
-        "os.link",
-        "os.symlink",
-        "os.truncate",
-        "os.utime",
-        "os.chflags",
-        "os.lchflags",
-        "os.mkfifo",
-        "os.mknod",
-        "shutil.rmtree",
-        "shutil.copyfile",
-        "shutil.move",
-        "shutil.chown",
-        "os.setxattr",
-        "os.removexattr",
+        "os.remove", "os.rmdir", "os.rename", "os.mkdir", "os.chmod", "os.chown", "os.link", "os.symlink",
+        "os.truncate", "os.utime", "os.chflags", "os.lchflags", "os.mkfifo", "os.mknod", "shutil.rmtree",
+        "shutil.copyfile", "shutil.move", "shutil.chown", "os.setxattr", "os.removexattr",
     }
-)
+)  # fmt: skip
 _PROC_PREFIXES = (
     "subprocess.",
     "os.exec",
@@ -137,22 +124,11 @@ _CODE_EVENTS = frozenset({"code.__new__", "marshal.loads", "marshal.load"})
 # at memory): refused by name and, whatever module starts one, when the interpreter is created
 _SUBINTERP = frozenset(
     {
-        "_xxsubinterpreters",
-        "_interpreters",
-        "_xxinterpchannels",
-        "_interpchannels",
-        "_interpqueues",
-        "_testcapi",
-        "_testinternalcapi",
-        "_testmultiphase",
-        "_testsinglephase",
-        "_testbuffer",
-        "_testimportmultiple",
-        "_testclinic",
-        "_ctypes_test",
-        "_xxtestfuzz",
+        "_xxsubinterpreters", "_interpreters", "_xxinterpchannels", "_interpchannels", "_interpqueues",
+        "_testcapi", "_testinternalcapi", "_testmultiphase", "_testsinglephase", "_testbuffer",
+        "_testimportmultiple", "_testclinic", "_ctypes_test", "_xxtestfuzz",
     }
-)
+)  # fmt: skip
 
 
 def _make_hook(proto_fd, workdirs, read_roots):
@@ -359,27 +335,30 @@ def _dispatcher(code, module_path):
 
 
 def _signal_state():
-    """What a call may not leave behind, as (C functions of `_signal` bound now, the handlers before the module
-    ran, names, timers): the module can rebind `signal.*` and what the `signal` wrappers use, not these."""
+    """What a call may not leave behind, all immutable: (C functions of `_signal` bound now, (signal, handler
+    before the module ran, name) for each signal, (timer, name) for each interval timer). The module can
+    rebind `signal.*` and what the `signal` wrappers use, and reach this tuple through frames; not change it."""
     import _signal
     import signal
 
-    sigs = tuple(sorted(_signal.valid_signals()))
-    names = {s: signal.Signals(s).name if s in signal.Signals._value2member_map_ else str(s) for s in sigs}
+    known = signal.Signals._value2member_map_
+    handlers = tuple(
+        (s, _signal.getsignal(s), known[s].name if s in known else str(s))
+        for s in sorted(_signal.valid_signals())
+    )
     timers = tuple((getattr(_signal, t), t) for t in ("ITIMER_REAL", "ITIMER_VIRTUAL", "ITIMER_PROF"))
-    fns = (_signal.getsignal, _signal.signal, _signal.getitimer, _signal.setitimer)
-    return fns, {s: _signal.getsignal(s) for s in sigs}, names, timers
+    return (_signal.getsignal, _signal.signal, _signal.getitimer, _signal.setitimer), handlers, timers
 
 
 def _left_behind(state):
     """Undo every signal handler and interval timer the call left behind (so none can run module code between
     calls) and name the first; None when there was none. Only its arguments are used: no globals, no closure."""
-    (getsignal, set_handler, getitimer, setitimer), before, names, timers = state
+    (getsignal, set_handler, getitimer, setitimer), handlers, timers = state
     found = None
-    for sig, handler in before.items():
+    for sig, handler, name in handlers:
         if getsignal(sig) is not handler:
             set_handler(sig, handler)
-            found = found or f"a handler for {names[sig]}"
+            found = found or f"a handler for {name}"
     for which, name in timers:
         if getitimer(which) != (0.0, 0.0):
             setitimer(which, 0.0)

@@ -4,8 +4,9 @@ The process is the child program `child.py`, started inside the OS sandbox of `j
 namespaces, an unprivileged uid, a read-only minimal filesystem, no network, a seccomp filter against new
 processes, death with the parent). The child sets its rlimits (memory, file size, total CPU) and an audit
 hook (defence in depth), then loads the module. This side enforces the per-call budgets from outside: the
-wall clock, and the CPU time of the sandbox's processes (read from /proc), killing the whole sandbox on excess.
-Any blocked action, limit hit or timeout kills the worker and raises `SandboxViolation` with a one-line reason.
+wall clock, and the CPU time of the sandbox's processes (read from /proc), killing the whole sandbox on excess;
+between calls the sandbox is frozen (SIGSTOP), and answers are bounded (see `protocol.py`). Any blocked
+action, limit hit or timeout kills the worker and raises `SandboxViolation` with a one-line reason.
 
 Without a working bubblewrap, modules are refused (exit 2, with the fix) unless the caller explicitly allows
 unsafe local execution (`--unsafe-local-exec`, or TRACE_UNSAFE_LOCAL_EXEC=1): then the child runs with the

@@ -249,7 +249,7 @@ def author_module(
     rejected = f"every module the {cfg['author']} author wrote for {cap} was rejected ({reasons})"
     if cfg["llm"]["fallback"] == "template" and has_template and not cfg.get("strict"):
         print(
-            f"notice: {rejected}; falling back to the built-in template of {cap} (strict: true makes this an "
+            f"notice: {rejected}; falling back to the built-in template of {cap} (--strict makes this an "
             "error)",
             file=sys.stderr,
             flush=True,
