@@ -147,6 +147,22 @@ def test_only_allowed_extension_modules_load_anywhere_in_the_jail(run_in_jail):
     assert {p: n for p, n in loaded.items() if n not in jail.SAFE_EXTENSIONS} == {}
 
 
+def test_no_native_code_loads_from_the_work_directory(run_in_jail):
+    """The one writable place is mounted noexec: a copy of an extension module written there does not load."""
+    origin = importlib.util.find_spec("_json").origin
+    probe = textwrap.dedent(f"""
+        import importlib.machinery as m, shutil
+        shutil.copy({origin!r}, '_json.so')
+        try:
+            m.ExtensionFileLoader('_json', '_json.so').create_module(m.ModuleSpec('_json', None, origin='_json.so'))
+            print(repr({{'loaded': True}}))
+        except ImportError as e:
+            print(repr({{'loaded': False, 'error': str(e)}}))
+    """)
+    out = run_in_jail(probe)
+    assert out == {"loaded": False, "error": "./_json.so: failed to map segment from shared object"}
+
+
 # ----------------------------------------------------------------------------------------------- item 3
 def test_the_work_directory_has_a_bounded_number_of_inodes(run_in_jail):
     probe = textwrap.dedent("""

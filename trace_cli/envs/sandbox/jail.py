@@ -4,13 +4,14 @@
 network, ipc, uts and cgroup namespaces, as uid/gid 65534 (nobody), with:
   * a filesystem that holds only what the child needs, read-only: /usr and the loader's libraries, the
     Python installation, and the trace_cli package directory (nothing else of the repository or the store);
-    the working directory is a private tmpfs of fixed size (`work_mb`, the only writable place: a module
-    that fills it gets ENOSPC and nothing on the host grows); a minimal /dev mounted read-only (so no
-    /dev/shm, which would be a host-sized tmpfs outside every limit); no /proc at all (so no
-    /proc/self/mem to rewrite the interpreter's own memory with); no /etc, /home, /root or /tmp;
-  * every copy of the extension modules behind ctypes, cffi, subprocess and multiprocessing that lies on
-    the jail's filesystem (the interpreter's own, the system Python's lib-dynload and dist-packages, ...)
-    replaced by /dev/null, so none can be loaded under any name;
+    the working directory is a private tmpfs of fixed size and inode count (`work_mb`, WORK_INODES; mounted
+    noexec, so nothing written there loads as native code), the only writable place: a module that fills it
+    gets ENOSPC and nothing on the host grows; a minimal /dev mounted read-only (so no /dev/shm, which would
+    be a host-sized tmpfs outside every limit); no /proc at all (so no /proc/self/mem to rewrite the
+    interpreter's own memory with); no /etc, /home, /root or /tmp;
+  * every Python extension module on the jail's filesystem, whatever Python installation it belongs to and
+    wherever it lies, replaced by /dev/null, but an allow-list of the interpreter's own (SAFE_EXTENSIONS), so
+    ctypes, cffi, subprocess, multiprocessing, sub-interpreters and the like load under no name;
   * `--die-with-parent` and a new session: the child dies with the CLI and cannot reach its terminal;
     `--disable-userns` where bwrap has it;
   * a seccomp filter (classic BPF, built here) that refuses fork, vfork, clone without CLONE_THREAD, clone3
@@ -18,8 +19,9 @@ network, ipc, uts and cgroup namespaces, as uid/gid 65534 (nobody), with:
     limit of one holds by construction, whatever the user namespace does to RLIMIT_NPROC; and the kernel
     interfaces a module never needs and that widen the attack surface or escape the limits: unshare, setns
     and the mount calls (nested namespaces), io_uring, bpf, the key-ring calls, perf_event_open,
-    userfaultfd, memfd_create (memory outside RLIMIT_AS), module loading and kexec, process_vm_*; and on
-    x86_64 every x32-ABI number (same audit arch, different numbers).
+    userfaultfd, memfd_create and memfd_secret (memory outside RLIMIT_AS), pidfd_getfd, modify_ldt, AF_VSOCK
+    sockets, module loading and kexec, process_vm_*; and on x86_64 every x32-ABI number (same audit arch,
+    different numbers).
 Memory, file-size and CPU limits are rlimits set by the child (see `child.py`) before the module is loaded.
 
 Where bwrap is missing or cannot create namespaces (some containers), `available()` is False and callers
@@ -250,7 +252,7 @@ def command(
     read-only at their own paths. `workdir` is a fresh tmpfs of `work_bytes` and WORK_INODES inodes inside
     the jail (the host directory of that name stays empty): mounted by `mount` in a user and mount namespace
     of its own that bwrap then starts in, since bwrap's --tmpfs bounds bytes only; where that cannot be done
-    here, bwrap's --tmpfs of `work_bytes`."""
+    here, bwrap's --tmpfs of `work_bytes` (no inode bound, not noexec)."""
     exe = shutil.which("bwrap")
     if exe is None:
         raise OSError("bwrap (bubblewrap) is not installed")
@@ -304,7 +306,8 @@ def _work_mount(workdir: str, work_bytes: int) -> list[str]:
     mount or user namespaces are missing here."""
     if not _can_mount_tmpfs():
         return []
-    return _mount_prefix(workdir, f"size={int(work_bytes)},nr_inodes={WORK_INODES},mode={WORK_TMPFS_MODE}")
+    options = f"size={int(work_bytes)},nr_inodes={WORK_INODES},mode={WORK_TMPFS_MODE},noexec,nosuid,nodev"
+    return _mount_prefix(workdir, options)
 
 
 def _mount_prefix(workdir: str, options: str) -> list[str]:
