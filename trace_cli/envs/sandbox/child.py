@@ -390,7 +390,13 @@ def main():
     _limits(cfg)
     proto_fd = os.dup(1)
     os.dup2(2, 1)  # the module's prints go to stderr, never into the protocol
-    requests, loads, dumps, write = sys.stdin, json.loads, json.dumps, os.write
+    requests, loads, dumps, write, answer_bytes = (
+        sys.stdin,
+        json.loads,
+        json.dumps,
+        os.write,
+        cfg["answer_bytes"],
+    )
     with open(module_path, encoding="utf-8") as f:  # read and compiled before the hook, run after it
         code = compile(f.read(), module_path, "exec")
     read_roots = _read_roots(workdir, module_path, _trusted_imports(), pkg_root)
@@ -419,6 +425,8 @@ def main():
             text = dumps(reply, default=str)
         except BaseException as e:  # noqa: BLE001
             text = dumps({"ok": False, "etype": type(e).__name__, "error": f"unserialisable result: {e}"})
+        if len(text) > answer_bytes:  # ASCII JSON: characters are bytes; the parent refuses it all the same
+            text = dumps({"ok": False, "n": n, "too_large": len(text)})
         data = memoryview((text + "\n").encode())  # slices of a view copy nothing: linear in the answer
         while data:
             data = data[write(proto_fd, data) :]

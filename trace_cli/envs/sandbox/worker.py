@@ -148,7 +148,7 @@ class SandboxWorker:
             str(Path(jail.__file__).with_name("child.py")),
             str(self.workdir),
             str(self.module_path),
-            json.dumps(self.limits.to_dict()),
+            json.dumps({**self.limits.to_dict(), "answer_bytes": protocol.MAX_ANSWER_BYTES}),
             jail.package_root(),
         ]
         fd = None
@@ -294,6 +294,8 @@ class SandboxWorker:
             self._die(f"timed out: no answer to {op}() within {self.limits.timeout_s:g} s (an endless loop?)")
         except protocol.ProtocolError as e:
             self._die(f"{e} (in {op}())")
+        if reply.get("too_large"):  # the child's loop refuses to send what this side would refuse to read
+            self._die(f"the answer is larger than {protocol.MAX_ANSWER_BYTES >> 20} MB (in {op}())")
         if isinstance(reply.get("violation"), str):  # the audit hook's report (it ends the process)
             self._die(f"blocked: {reply['violation']} (in {op}())")
         if reply.get("n") != self._calls:
