@@ -37,13 +37,26 @@ def jail_run(work: Path, probe: str, extra_ro: tuple[str, ...] = (), timeout: in
         os.close(fd)
 
 
+# what every probe starts with: attempt(name, fn) records in `out` 'ALLOWED' or the exception's type name
+PRELUDE = """
+out = {}
+def attempt(name, fn):
+    try:
+        fn()
+        out[name] = 'ALLOWED'
+    except BaseException as e:
+        out[name] = type(e).__name__
+"""
+
+
 @pytest.fixture
 def run_in_jail(tmp_path):
-    """run_in_jail(probe, extra_ro=()) -> the dict the probe printed (repr) as its last line."""
+    """run_in_jail(probe, extra_ro=()) -> the dict the probe printed (repr) as its last line; the probe may
+    use `out` and `attempt` (see PRELUDE)."""
 
     def run(probe: str, extra_ro: tuple[str, ...] = ()) -> dict:
         work = tmp_path / "work"
-        r = jail_run(work, probe, extra_ro)
+        r = jail_run(work, PRELUDE + probe, extra_ro)
         assert r.returncode == 0, r.stderr[-3000:]
         assert list(work.iterdir()) == []  # the work tmpfs lives inside the jail only
         return eval(r.stdout.strip().splitlines()[-1])  # noqa: S307 - our own probe's repr of a dict

@@ -329,13 +329,6 @@ def test_no_copy_of_the_masked_extensions_loads_in_the_jail(run_in_jail):
 def test_no_dev_shm_no_proc_mem_and_a_bounded_work_tmpfs(run_in_jail):
     probe = textwrap.dedent("""
         import os
-        out = {}
-        def attempt(name, fn):
-            try:
-                fn()
-                out[name] = 'ALLOWED'
-            except BaseException as e:
-                out[name] = type(e).__name__
         attempt('dev_shm', lambda: open('/dev/shm/x', 'wb').write(b'x'))
         attempt('dev', lambda: open('/dev/x', 'wb').write(b'x'))
         attempt('proc_self_mem', lambda: open('/proc/self/mem', 'r+b'))

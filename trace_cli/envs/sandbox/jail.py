@@ -62,35 +62,26 @@ DENIED = (
     "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "open_by_handle_at",
     "pidfd_getfd", "memfd_secret", "modify_ldt",
 )  # fmt: skip
-# the numbers every architecture shares (the generic table from 425 on)
-_COMMON = {
-    "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428, "move_mount": 429,
-    "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "clone3": 435, "pidfd_getfd": 438,
-    "mount_setattr": 442, "memfd_secret": 447,
+# (x86_64, aarch64) numbers of the calls the filter names; None where the architecture has no such call
+_NUMBERS = {
+    "socket": (41, 198), "clone": (56, 220), "fork": (57, None), "vfork": (58, None), "ptrace": (101, 117),
+    "modify_ldt": (154, None), "pivot_root": (155, 41), "chroot": (161, 51), "mount": (165, 40),
+    "umount2": (166, 39), "init_module": (175, 105), "delete_module": (176, 106), "kexec_load": (246, 104),
+    "add_key": (248, 217), "request_key": (249, 218), "keyctl": (250, 219), "unshare": (272, 97),
+    "perf_event_open": (298, 241), "open_by_handle_at": (304, 265), "setns": (308, 268),
+    "process_vm_readv": (310, 270), "process_vm_writev": (311, 271), "finit_module": (313, 273),
+    "memfd_create": (319, 279), "kexec_file_load": (320, 294), "bpf": (321, 280), "userfaultfd": (323, 282),
+    # the generic table from 425 on is the same everywhere
+    "io_uring_setup": (425, 425), "io_uring_enter": (426, 426), "io_uring_register": (427, 427),
+    "open_tree": (428, 428), "move_mount": (429, 429), "fsopen": (430, 430), "fsconfig": (431, 431),
+    "fsmount": (432, 432), "fspick": (433, 433), "clone3": (435, 435), "pidfd_getfd": (438, 438),
+    "mount_setattr": (442, 442), "memfd_secret": (447, 447),
 }  # fmt: skip
+# machine: (audit arch, {call: number})
 _ARCH = {
-    "x86_64": (
-        0xC000003E,
-        {
-            "socket": 41, "clone": 56, "fork": 57, "vfork": 58, "ptrace": 101, "modify_ldt": 154,
-            "pivot_root": 155, "chroot": 161, "mount": 165, "umount2": 166, "init_module": 175,
-            "delete_module": 176, "kexec_load": 246, "add_key": 248, "request_key": 249, "keyctl": 250,
-            "unshare": 272, "perf_event_open": 298, "open_by_handle_at": 304, "setns": 308,
-            "process_vm_readv": 310, "process_vm_writev": 311, "finit_module": 313, "memfd_create": 319,
-            "kexec_file_load": 320, "bpf": 321, "userfaultfd": 323, **_COMMON,
-        },
-    ),
-    "aarch64": (
-        0xC00000B7,
-        {
-            "umount2": 39, "mount": 40, "pivot_root": 41, "chroot": 51, "unshare": 97, "kexec_load": 104,
-            "init_module": 105, "delete_module": 106, "ptrace": 117, "socket": 198, "add_key": 217,
-            "request_key": 218, "keyctl": 219, "clone": 220, "perf_event_open": 241, "open_by_handle_at": 265,
-            "setns": 268, "process_vm_readv": 270, "process_vm_writev": 271, "finit_module": 273,
-            "memfd_create": 279, "bpf": 280, "userfaultfd": 282, "kexec_file_load": 294, **_COMMON,
-        },
-    ),
-}  # fmt: skip
+    machine: (arch, {name: nrs[i] for name, nrs in _NUMBERS.items() if nrs[i] is not None})
+    for i, (machine, arch) in enumerate((("x86_64", 0xC000003E), ("aarch64", 0xC00000B7)))
+}
 
 
 def _ins(code: int, jt: int, jf: int, k: int) -> bytes:
