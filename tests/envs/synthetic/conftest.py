@@ -21,6 +21,29 @@ def store_root(tmp_path):
     return st.root
 
 
+@pytest.fixture
+def module_env_store(tmp_path):
+    """module_env_store(name, source) -> a store (under tmp_path) with one environment artifact `name` whose
+    module is `source`."""
+    import yaml
+
+    def make(name: str, source: str) -> Path:
+        st = Store(tmp_path / "store")
+        with st.writer("environment", "synthesize", {name: 1}, [], name=name) as w:
+            (w.path / "module.py").write_text(source)
+            doc = {
+                "kind": "environment",
+                "version": 1,
+                "name": name,
+                "source": "module",
+                "module": "module.py",
+            }
+            (w.path / "environment.yaml").write_text(yaml.safe_dump({**doc, "params": {}, "max_turns": 4}))
+        return st.root
+
+    return make
+
+
 def jail_run(work: Path, probe: str, extra_ro: tuple[str, ...] = (), timeout: int = 120):
     """Plain Python (no child program, no audit hook) in the jail, with `work` as its work directory."""
     work.mkdir(exist_ok=True)

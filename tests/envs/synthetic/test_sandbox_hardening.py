@@ -137,19 +137,10 @@ def make_env(**params):
 
 
 @pytest.fixture
-def slow_env_store(tmp_path) -> Path:
+def slow_env_store(module_env_store) -> Path:
     """A store with an environment artifact whose module hangs in reset(): `trace eval` on it sits in a
     sandbox call until it is killed."""
-    import yaml
-
-    from trace_cli.store import Store
-
-    st = Store(tmp_path / "store")
-    with st.writer("environment", "synthesize", {"slow": 1}, [], name="slow") as w:
-        (w.path / "module.py").write_text(SLOW_MODULE)
-        doc = {"kind": "environment", "version": 1, "name": "slow", "source": "module", "module": "module.py"}
-        (w.path / "environment.yaml").write_text(yaml.safe_dump({**doc, "params": {}, "max_turns": 4}))
-    return st.root
+    return module_env_store("slow", SLOW_MODULE)
 
 
 def _sandboxes(tmp: Path) -> list[Path]:

@@ -15,6 +15,7 @@ import textwrap
 import time
 
 import pytest
+from trace_testing import run_trace
 
 from trace_cli.envs.sandbox import Limits, SandboxViolation, SandboxWorker, check_module, jail, protocol
 
@@ -229,6 +230,33 @@ def test_answers_are_bounded_in_size_and_depth(body, op, why):
             handle = w.call("new", params={})["handle"]
             w.call(op, handle=handle)
         assert w.proc.poll() is not None
+
+
+DEEP_RESET = """from trace_cli.envs.synthetic import TEMPLATES
+
+def make_env(**params):
+    env = TEMPLATES["precondition_verification"](**params)
+    real = env.reset
+    def reset(seed):
+        obs = real(seed)
+        deep = []
+        for _ in range(200):
+            deep = [deep]
+        obs.info["deep"] = deep
+        return obs
+    env.reset = reset
+    return env
+"""
+
+
+def test_trace_eval_on_a_deeply_nested_answer_fails_cleanly(module_env_store):
+    store = module_env_store("deep", DEEP_RESET)
+    r = run_trace(
+        "eval", "--env", "store://environment/deep", "--model", "policy:reference", "--store", store
+    )
+    assert r.returncode == 1, r.stderr
+    assert "the answer is nested deeper than 64 levels (in reset())" in r.stderr
+    assert "internal error" not in r.stderr and "RecursionError" not in r.stderr
 
 
 # ----------------------------------------------------------------------------------------------- item 4
