@@ -17,7 +17,15 @@ import time
 import pytest
 from trace_testing import run_trace
 
-from trace_cli.envs.sandbox import Limits, SandboxViolation, SandboxWorker, check_module, jail, protocol
+from trace_cli.envs.sandbox import (
+    Limits,
+    SandboxError,
+    SandboxViolation,
+    SandboxWorker,
+    check_module,
+    jail,
+    protocol,
+)
 
 pytestmark = pytest.mark.skipif(not jail.available(), reason="needs bubblewrap (apt-get install bubblewrap)")
 
@@ -230,6 +238,23 @@ def test_answers_are_bounded_in_size_and_depth(body, op, why):
             handle = w.call("new", params={})["handle"]
             w.call(op, handle=handle)
         assert w.proc.poll() is not None
+
+
+def test_an_answer_too_deep_to_serialise_is_the_modules_error_and_the_worker_goes_on():
+    body = DEEP.replace("range(100)", "range(5000)")
+    src = (
+        "import os\n"
+        + TEMPLATE
+        + "\ndef make_env(**params):\n"
+        + textwrap.indent(textwrap.dedent(body), "    ")
+    )
+    with SandboxWorker(src, FAST) as w:
+        handle = w.call("new", params={})["handle"]
+        with pytest.raises(
+            SandboxError, match="raised RecursionError in task_metadata.*unserialisable result"
+        ):
+            w.call("task_metadata", handle=handle)
+        assert w.call("ping") == "pong"
 
 
 DEEP_RESET = """from trace_cli.envs.synthetic import TEMPLATES

@@ -424,7 +424,9 @@ def main():
         try:
             text = dumps(reply, default=str)
         except BaseException as e:  # noqa: BLE001
-            text = dumps({"ok": False, "etype": type(e).__name__, "error": f"unserialisable result: {e}"})
+            text = dumps(
+                {"ok": False, "n": n, "etype": type(e).__name__, "error": f"unserialisable result: {e}"}
+            )
         if len(text) > answer_bytes:  # ASCII JSON: characters are bytes; the parent refuses it all the same
             text = dumps({"ok": False, "n": n, "too_large": len(text)})
         data = memoryview((text + "\n").encode())  # slices of a view copy nothing: linear in the answer
