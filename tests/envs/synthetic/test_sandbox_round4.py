@@ -17,15 +17,8 @@ import time
 import pytest
 from trace_testing import run_trace
 
-from trace_cli.envs.sandbox import (
-    Limits,
-    SandboxError,
-    SandboxViolation,
-    SandboxWorker,
-    check_module,
-    jail,
-    protocol,
-)
+import trace_cli.envs.sandbox.protocol as protocol
+from trace_cli.envs.sandbox import Limits, SandboxError, SandboxViolation, SandboxWorker, check_module, jail
 
 pytestmark = pytest.mark.skipif(not jail.available(), reason="needs bubblewrap (apt-get install bubblewrap)")
 
@@ -226,14 +219,18 @@ DEEP = """
     ],
     ids=["6 MB answer", "6 MB without a newline", "200,000 levels", "100 levels"],
 )
-def test_answers_are_bounded_in_size_and_depth(body, op, why):
-    src = (
+def _whole_make_env(body: str) -> str:
+    """A module whose make_env is `body` (which returns the environment itself)."""
+    return (
         "import os\n"
         + TEMPLATE
         + "\ndef make_env(**params):\n"
         + textwrap.indent(textwrap.dedent(body), "    ")
     )
-    with SandboxWorker(src, FAST) as w:
+
+
+def test_answers_are_bounded_in_size_and_depth(body, op, why):
+    with SandboxWorker(_whole_make_env(body), FAST) as w:
         with pytest.raises(SandboxViolation, match=why):
             handle = w.call("new", params={})["handle"]
             w.call(op, handle=handle)
@@ -242,13 +239,7 @@ def test_answers_are_bounded_in_size_and_depth(body, op, why):
 
 def test_an_answer_too_deep_to_serialise_is_the_modules_error_and_the_worker_goes_on():
     body = DEEP.replace("range(100)", "range(5000)")
-    src = (
-        "import os\n"
-        + TEMPLATE
-        + "\ndef make_env(**params):\n"
-        + textwrap.indent(textwrap.dedent(body), "    ")
-    )
-    with SandboxWorker(src, FAST) as w:
+    with SandboxWorker(_whole_make_env(body), FAST) as w:
         handle = w.call("new", params={})["handle"]
         with pytest.raises(
             SandboxError, match="raised RecursionError in task_metadata.*unserialisable result"
