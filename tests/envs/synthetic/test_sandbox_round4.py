@@ -209,16 +209,6 @@ DEEP = """
 """
 
 
-@pytest.mark.parametrize(
-    "body, op, why",
-    [
-        (BIG, "task_metadata", r"the answer is larger than 4 MB \(in task_metadata\(\)\)"),
-        (UNENDING, "new", r"the answer is larger than 4 MB \(in new\(\)\)"),
-        (DEEP_RAW, "new", r"nested deeper than 64 levels \(in new\(\)\)"),
-        (DEEP, "task_metadata", r"nested deeper than 64 levels \(in task_metadata\(\)\)"),
-    ],
-    ids=["6 MB answer", "6 MB without a newline", "200,000 levels", "100 levels"],
-)
 def _whole_make_env(body: str) -> str:
     """A module whose make_env is `body` (which returns the environment itself)."""
     return (
@@ -229,6 +219,16 @@ def _whole_make_env(body: str) -> str:
     )
 
 
+@pytest.mark.parametrize(
+    "body, op, why",
+    [
+        (BIG, "task_metadata", r"the answer is larger than 4 MB \(in task_metadata\(\)\)"),
+        (UNENDING, "new", r"the answer is larger than 4 MB \(in new\(\)\)"),
+        (DEEP_RAW, "new", r"nested deeper than 64 levels \(in new\(\)\)"),
+        (DEEP, "task_metadata", r"nested deeper than 64 levels \(in task_metadata\(\)\)"),
+    ],
+    ids=["6 MB answer", "6 MB without a newline", "200,000 levels", "100 levels"],
+)
 def test_answers_are_bounded_in_size_and_depth(body, op, why):
     with SandboxWorker(_whole_make_env(body), FAST) as w:
         with pytest.raises(SandboxViolation, match=why):
