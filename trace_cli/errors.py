@@ -56,3 +56,8 @@ class StoreError(TraceError):
     """The store is inconsistent or locked."""
 
     exit_code = 1
+
+
+def a(word: str) -> str:
+    """`word` with its indefinite article, for messages: "an environment", "a model"."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
