@@ -16,181 +16,16 @@ they join and leave (compose.moe.RoutingTrace.take_rows / join_rows).
 from __future__ import annotations
 
 import asyncio
-import json
 import queue
 import random
 import threading
-import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trace_cli.models.chat import TOOL_CALL_RE, cut_at_end, parse_assistant, render, strip_text
-
-
-class RequestError(Exception):
-    """A request the server cannot take: HTTP 400 (or `status`) with an OpenAI-style error body."""
-
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None, status: int = 400):
-        super().__init__(message)
-        self.message, self.param, self.code, self.status = message, param, code, status
-
-
-def _text(content: Any, where: str) -> str | None:
-    """OpenAI content: a string, null, or a list of parts of which the text ones are kept."""
-    if content is None or isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for p in content:
-            if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
-                raise RequestError(f"{where}: only text content parts are supported", param=where)
-            parts.append(p["text"])
-        return "".join(parts)
-    raise RequestError(f"{where}: expected a string, null or a list of text parts", param=where)
-
-
-def to_internal(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Request messages -> the form eval keeps (tool-call arguments as objects), so the prompt a served model
-    sees is byte-identical to the one it sees in `trace eval`."""
-    out = []
-    for i, m in enumerate(messages):
-        role = "system" if m["role"] == "developer" else m["role"]
-        msg: dict[str, Any] = {"role": role, "content": _text(m.get("content"), f"messages[{i}].content")}
-        if role == "tool":
-            msg["tool_call_id"] = m.get("tool_call_id")
-        calls = m.get("tool_calls") or []
-        if calls:
-            norm = []
-            for k, tc in enumerate(calls):
-                fn = tc.get("function") or {}
-                args = fn.get("arguments", {})
-                if isinstance(args, str):
-                    try:
-                        args = json.loads(args) if args.strip() else {}
-                    except json.JSONDecodeError:
-                        pass  # rendered as the text it is
-                if not isinstance(fn.get("name"), str):
-                    raise RequestError(
-                        f"messages[{i}].tool_calls[{k}].function.name is required",
-                        param=f"messages[{i}].tool_calls",
-                    )
-                norm.append(
-                    {
-                        "id": tc.get("id"),
-                        "type": "function",
-                        "function": {"name": fn["name"], "arguments": args},
-                    }
-                )
-            msg["tool_calls"] = norm
-        out.append(msg)
-    return out
-
-
-def call_prefix(fmt: str, name: str, template: str | None = None) -> str:
-    """The start of a call to `name` in tool-call format `fmt`, up to the name's end: what a forced
-    `tool_choice` prefills (the model writes the arguments)."""
-    if fmt == "hermes":
-        return f'<tool_call>\n{{"name": "{name}"'
-    if fmt == "llama3-json":
-        return f'{{"name": "{name}"'
-    if fmt == "mistral":
-        return (
-            f"[TOOL_CALLS]{name}[ARGS]"
-            if "[ARGS]" in (template or "")
-            else f'[TOOL_CALLS][{{"name": "{name}"'
-        )
-    if fmt == "pythonic":
-        return f"[{name}("
-    raise ValueError(f"unknown tool-call format {fmt!r}")
-
-
-@dataclass
-class Completion:
-    index: int
-    content: str | None
-    tool_calls: list[dict[str, Any]]
-    finish_reason: str
-    completion_tokens: int
-
-
-def _call(name: str, arguments: Any) -> dict[str, Any]:
-    return {
-        "id": f"call_{uuid.uuid4().hex[:24]}",
-        "type": "function",
-        "function": {
-            "name": name,
-            "arguments": arguments
-            if isinstance(arguments, str)
-            else json.dumps(arguments, ensure_ascii=False),
-        },
-    }
-
-
-def forced_arguments(text: str, name: str) -> str:
-    """The arguments of a forced call to `name` whose text does not parse: the first JSON object after the
-    name (the model's own, as OpenAI returns arguments it does not validate), `{}` when there is none."""
-    body = strip_text(text)
-    at = body.find(name)
-    rest = body[at + len(name) :] if at >= 0 else body
-    dec = json.JSONDecoder()
-    for i, ch in enumerate(rest):
-        if ch == "{":
-            try:
-                obj, _ = dec.raw_decode(rest, i)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(obj, dict):
-                return json.dumps(obj.get("arguments", obj.get("parameters", obj)), ensure_ascii=False)
-    return "{}"
-
-
-def to_completion(
-    text: str,
-    ids: list[int],
-    *,
-    index: int,
-    max_tokens: int | None = None,
-    parse_tools: bool,
-    stop: list[str] | None = None,
-    eos_id: int | list[int] | None = None,
-    parse=None,
-    finish: str | None = None,
-    forced: list[str] | None = None,
-) -> Completion:
-    """A generated turn -> an OpenAI choice. Parsed as `trace eval` parses it: valid calls become `tool_calls`
-    (content = the text around them, null when there is none); a turn with a call that does not parse is
-    returned as its raw text, so a client that parses it (the eval loop does) sees the same malformed call.
-    Under a forced `tool_choice` (`forced`: the names allowed) the turn is a call whatever the model wrote.
-    `finish` is the engine's reason; without it, it is derived from the ids (stop token or length)."""
-    if finish is None:
-        stops = set(eos_id) if isinstance(eos_id, list) else {eos_id}
-        finish = "stop" if stops & set(ids) or len(ids) < (max_tokens or 0) else "length"
-    calls: list[dict[str, Any]] = []
-    # the model family's parser (HFPolicy.parse); Hermes `<tool_call>` by default
-    actions = (parse or parse_assistant)(text) if parse_tools else [{"content": strip_text(text)}]
-    named = [a for a in actions if "name" in a]
-    if forced and not (named and all(a["name"] in forced for a in named)):
-        # the prefill named the function; the model's arguments are taken as it wrote them
-        name = next((n for n in forced if n in text), forced[0])
-        return Completion(index, None, [_call(name, forced_arguments(text, name))], "tool_calls", len(ids))
-    if any("name" in a or "malformed" in a for a in actions):
-        if any("malformed" in a for a in actions):
-            content: str | None = cut_at_end(text)
-        else:
-            said = next((a["content"] for a in actions if "content" in a), None)
-            content = said if said is not None else TOOL_CALL_RE.sub("", strip_text(text)).strip()
-            calls = [_call(a["name"], a["arguments"]) for a in named]
-            finish = "tool_calls"
-            content = content or None  # OpenAI: a reply that is only tool calls has content null
-    else:
-        content = strip_text(text)
-    if stop and content and not calls:  # the engine ends generation at a stop string; this is for callers
-        cuts = [content.find(s) for s in stop if s and s in content]
-        if cuts:
-            content, finish = content[: min(cuts)], "stop"
-    return Completion(index, content, calls, finish, len(ids))
+from trace_cli.models.chat import render
+from trace_cli.serve.completion import call_prefix, json_closed
 
 
 @dataclass
@@ -511,7 +346,7 @@ class Engine:
                 j.text = self.tok.decode(j.ids, skip_special_tokens=False)
                 if j.stop:
                     self._cut_stop(j)
-                if j.finish is None and j.close_json and k + 1 > j._forced_len and _json_closed(j.text):
+                if j.finish is None and j.close_json and k + 1 > j._forced_len and json_closed(j.text):
                     j.finish = "tool_calls"
             if j.finish is None and len(j.ids) >= j.max_tokens:
                 j.finish = "length"
@@ -601,25 +436,3 @@ def _sample(row, job: Job, torch) -> int:
         keep = (p.cumsum(-1) - p) < job.top_p
         probs = torch.zeros_like(probs).scatter(0, order[keep], p[keep])
     return int(torch.multinomial(probs, 1, generator=job._gen))
-
-
-_DEC = json.JSONDecoder()
-
-
-def _json_closed(text: str) -> bool:
-    """Whether a forced call's arguments are complete: the JSON object after `"arguments":` (`"parameters":`,
-    `[ARGS]`) decodes and the call's own object is closed after it (or there is none to close: `[ARGS]`)."""
-    if not text.endswith("}"):
-        return False
-    at = max(text.rfind('"arguments":'), text.rfind('"parameters":'))
-    if at >= 0:
-        rest, tail = text[at:].split(":", 1)[1].lstrip(), "}"
-    elif "[ARGS]" in text:
-        rest, tail = text[text.rfind("[ARGS]") + 6 :].lstrip(), ""
-    else:
-        return False
-    try:
-        obj, end = _DEC.raw_decode(rest)
-    except json.JSONDecodeError:
-        return False
-    return isinstance(obj, dict) and rest[end:].strip() == tail
