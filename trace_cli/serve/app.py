@@ -24,7 +24,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from trace_cli.serve.engine import Engine, Job
+from trace_cli.serve.engine import Engine
+from trace_cli.serve.job import Job
 from trace_cli.serve.requests import (
     ChatRequest,
     RequestError,
@@ -211,6 +212,7 @@ def create_app(engine: Engine, *, api_key: str | None = None, default_max_tokens
             "completion_tokens": sum(c.completion_tokens for c in choices),
         }
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        usage["prompt_tokens_details"] = {"cached_tokens": jobs[0].cached}  # served from the prefix cache
         state.completion_tokens = usage["completion_tokens"]
         body = {
             "id": rid,

@@ -10,7 +10,8 @@ from fastapi import Request
 
 from trace_cli.models.toolcalls import PYTHON_TAG
 from trace_cli.serve.completion import as_generated, to_completion
-from trace_cli.serve.engine import Engine, Job
+from trace_cli.serve.engine import Engine
+from trace_cli.serve.job import Job
 from trace_cli.serve.requests import error_body
 
 
@@ -167,7 +168,12 @@ class Run:
     def _usage_chunk(self, rid: str, created: int, model: str) -> dict[str, Any]:
         n_prompt = len(self.jobs[0].prompt_ids)
         n_comp = sum(c.completion_tokens for c in self.done.values())
-        usage = {"prompt_tokens": n_prompt, "completion_tokens": n_comp, "total_tokens": n_prompt + n_comp}
+        usage = {
+            "prompt_tokens": n_prompt,
+            "completion_tokens": n_comp,
+            "total_tokens": n_prompt + n_comp,
+            "prompt_tokens_details": {"cached_tokens": self.jobs[0].cached},
+        }
         return {
             "id": rid,
             "object": "chat.completion.chunk",
