@@ -19,3 +19,15 @@ def call_exchange(cid: str, fn: str, arguments: Any, result: str, **tool_fields:
         {"role": "assistant", "content": "", "tool_calls": [call]},
         {"role": "tool", "tool_call_id": cid, **tool_fields, "content": result},
     ]
+
+
+def episodes_by_id(store, *results) -> list[dict[str, dict[str, Any]]]:
+    """The episodes each `trace eval --json` result wrote, by episode id."""
+    import json
+
+    from trace_cli.store.rollouts import read_episodes
+
+    return [
+        {e["episode_id"]: e for e in read_episodes(store.resolve(json.loads(r.stdout)["rollouts"]).path)}
+        for r in results
+    ]

@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 import tinymodel  # noqa: E402
-from serve_testing import call_exchange, free_port  # noqa: E402
+from serve_testing import call_exchange, episodes_by_id, free_port  # noqa: E402
 from trace_testing import BIN, run_cli  # noqa: E402
 
 openai = pytest.importorskip("openai")
@@ -181,13 +181,8 @@ def test_served_eval_equals_direct_eval(server, tmp_path):
     )
     assert served.exit_code == 0, served.output
     from trace_cli.store import Store
-    from trace_cli.store.rollouts import read_episodes
 
-    st = Store(store)
-    eps = [
-        {e["episode_id"]: e for e in read_episodes(st.resolve(json.loads(r.stdout)["rollouts"]).path)}
-        for r in (direct, served)
-    ]
+    eps = episodes_by_id(Store(store), direct, served)
     assert sorted(eps[0]) == sorted(eps[1])
     for eid, e in eps[0].items():
         assert e["messages"] == eps[1][eid]["messages"], eid

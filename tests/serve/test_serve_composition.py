@@ -14,7 +14,7 @@ import time
 
 import pytest
 from compose_helpers import composed_store, tiny  # noqa: E402, F401
-from serve_testing import call_exchange, free_port  # noqa: E402
+from serve_testing import call_exchange, episodes_by_id, free_port  # noqa: E402
 from trace_testing import BIN, run_cli  # noqa: E402
 
 from trace_cli.stages.base import execute  # noqa: E402
@@ -140,12 +140,7 @@ def test_served_eval_of_a_router_equals_direct_eval(served_router):
     assert direct.exit_code == 0, direct.output
     served = run_cli("eval", "--model", f"openai:{base}?model={NAME}", *common, "--json", "--store", st.root)
     assert served.exit_code == 0, served.output
-    from trace_cli.store.rollouts import read_episodes
-
-    eps = [
-        {e["episode_id"]: e for e in read_episodes(st.resolve(json.loads(r.stdout)["rollouts"]).path)}
-        for r in (direct, served)
-    ]
+    eps = episodes_by_id(st, direct, served)
     assert sorted(eps[0]) == sorted(eps[1])
     for eid, e in eps[0].items():
         assert e["messages"] == eps[1][eid]["messages"], eid
