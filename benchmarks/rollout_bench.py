@@ -14,7 +14,9 @@ Both run the same seeds; greedy decoding must give identical episodes (checked, 
     row generating `max_new_tokens` tokens (no stopping): the throughput ceiling. The rollout loop keeps each
     episode's KV cache across turns (each turn feeds only its new tokens); column `x raw` = rollout tok/s /
     raw tok/s at the same batch size (goal >= 0.5 on multi-turn episodes). `--compare-no-reuse` adds rows
-    with the cache reuse off (a full re-prefill every turn).
+    with the cache reuse off (a full re-prefill every turn), `--compare-prefix-cache` rows whose episodes
+    share a prefix cache (an episode's first turn starts from what earlier ones prefilled: the system prompt
+    and tool schemas).
 
 Models: the `tiny` and `small` presets, built offline with the `model` stage into a temporary store, plus
 any `--model REF` (a local HF dir, or a store reference with `--store`), e.g. a trained base agent, and with
@@ -68,6 +70,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--store", type=Path, help="store to resolve --model store references in")
     ap.add_argument("--smollm2", action="store_true", help="also import and measure SmolLM2-135M-Instruct")
     ap.add_argument("--compare-no-reuse", action="store_true", help="rows with KV-cache reuse off too")
+    ap.add_argument(
+        "--compare-prefix-cache",
+        action="store_true",
+        help="rows with a prefix cache shared by the episodes too (models.prefix_cache, 1 GiB)",
+    )
     ap.add_argument("--env", default="shop", help="environment reference")
     ap.add_argument("--batch-sizes", type=int, nargs="+", help="default 1 8 32 (quick: 1 8)")
     ap.add_argument("--episodes", type=int, help="episodes per batched run (default 64; quick 8)")
@@ -203,7 +210,10 @@ def measure(name: str, preset: str | None, ref, args) -> list[dict[str, Any]]:
     from trace_cli.models.importer import context_of, read_meta
 
     meta = read_meta(ref.path)
+    from trace_cli.models.prefix_cache import PrefixCache
+
     modes = [("rollout", True)] + ([("rollout-noreuse", False)] if args.compare_no_reuse else [])
+    modes += [("rollout-prefix", True)] if args.compare_prefix_cache else []
     for bs, (mode, reuse) in [(b, m) for b in args.batch_sizes for m in modes]:
         raw = raw_generate(
             model,
@@ -221,6 +231,7 @@ def measure(name: str, preset: str | None, ref, args) -> list[dict[str, Any]]:
             tool_format=meta.get("tool_format"),
             max_context=context_of(model.config),
             reuse_cache=reuse,
+            prefix_cache=PrefixCache(1 << 30) if mode == "rollout-prefix" else None,
         )
         policy = CountingPolicy(hf)
         policy.parse = hf.parse
