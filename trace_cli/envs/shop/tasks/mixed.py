@@ -217,9 +217,9 @@ def order_ops(
     kinds = sorted(kinds, key=lambda k: k != "address")
     picked = rng.sample(orders, sum(k != "address" for k in kinds))
     targets = [None if k == "address" else picked.pop() for k in kinds]
-    said = {o["status"] for k, o in zip(kinds, targets) if k == "status"}
+    said = {o["status"] for k, o in zip(kinds, targets, strict=True) if k == "status"}
     ops: list[MixedOp] = []
-    for kind, order in zip(kinds, targets):
+    for kind, order in zip(kinds, targets, strict=True):
         if kind == "address":
             ops.append(op_address(rng, b, user))
         elif kind == "status":
