@@ -19,8 +19,8 @@ OUTPUTS = {"model": "model"}
 
 
 def prepare(config: dict[str, Any], store: Store) -> Prepared:
+    from trace_cli.envs.corpus import check_envs
     from trace_cli.models.refs import resolve_model
-    from trace_cli.stages.model import check_envs
 
     cfg = checked_config(NAME, config)
     check_envs(cfg["envs"])
@@ -36,9 +36,9 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
 
 
 def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=False) -> dict[str, Artifact]:
+    from trace_cli.envs.corpus import corpus_episodes
     from trace_cli.models.builder import corpus
     from trace_cli.models.refs import load_hf
-    from trace_cli.stages.model import corpus_episodes
     from trace_cli.training.pretrain import pretrain_copy
 
     cfg = prepared.config

@@ -204,3 +204,14 @@ def save_tokenizer(model_dir: Path, dst: Path) -> None:
 
     AutoTokenizer.from_pretrained(model_dir).save_pretrained(dst)
     copy_meta(model_dir, dst)
+
+
+def check_report_to(report_to: str) -> None:
+    """A live-metrics integration whose package is missing fails before any compute (exit 2)."""
+    import importlib.util
+
+    module = {"tensorboard": "tensorboard", "trackio": "trackio"}.get(report_to)
+    if module and importlib.util.find_spec(module) is None:
+        raise UsageError(
+            f"report_to {report_to}: the {module} package is not installed (pip install {module})"
+        )
