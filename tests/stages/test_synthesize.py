@@ -293,6 +293,9 @@ def test_calibration_adjusts_difficulty_then_passes(st, monkeypatch):
     att = doc["calibration"]["attempts"]
     assert [a["params"]["level"] for a in att] == [2, 3] and att[0]["next"] == "harder" and att[1]["in_band"]
     assert doc["params"]["level"] == 3 and art.summary["calibration_attempts"] == 2
+    # the admitted attempt's hint share and reward-based constant-group share, in the summary and the document
+    assert art.summary["hint_share"] == att[1]["hint_share"] == 0.0
+    assert art.summary["frac_constant_low"] == att[1]["frac_constant_low"] <= 0.2
 
 
 @pytest.fixture(scope="module")
