@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         "rollouts": a.rollouts,
         "hint_share": a.hint_share,
         "max_attempts": a.max_attempts,
+        "max_new_tokens": 120,  # as training samples: the admitted attempt's episodes become its first steps
     }
     cfg = {"diagnosis": write_diagnosis(st, a.capability), "capability": a.capability, "model": base.uri}
     cfg |= {"target": "shop", "tools": "needed", "calibration": cal, "max_turns": 12}
