@@ -118,3 +118,13 @@ def test_undefined_delta_counts_as_zero_in_the_mean():
     (sel,) = select(per_run, rho=0.1, delta=0.2, k=1)
     assert sel.passed == [False, True]
     assert sel.mean_delta == pytest.approx(0.3)
+
+
+def test_agreement_counts_selections_across_bootstrap_seeds():
+    from trace_cli.analysts.aggregate import Selection, agreement
+
+    def sel(**chosen):
+        return [Selection(c, [], [], on, 0, 0, 0, 0) for c, on in chosen.items()]
+
+    seeds = [sel(a=True, b=True), sel(a=True, b=False), sel(a=True, b=False), sel(a=False, b=True)]
+    assert agreement(seeds) == {"a": 0.75, "b": 0.5}

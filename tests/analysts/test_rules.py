@@ -264,3 +264,31 @@ def test_rules_analyst_labels_every_pair_and_na_without_rule(ep):
 def test_rules_analyst_cannot_discover():
     with pytest.raises(UsageError, match="cannot discover"):
         rules.RulesAnalyst().discover([], 5, 0)
+
+
+def test_tool_precision_detects_every_precision_deficit_of_the_shop_and_nothing_else():
+    """Replayed on the shop: each family's tool_calling_precision deficit demonstration (zip as a number or
+    without its leading zero, the state spelled out, address lines merged, a truncated user id, ids of the
+    wrong kind or format) is LACKING; the references and the other capabilities' deficits are not."""
+    from trace_cli.analysts.rules import tool_calling_precision
+    from trace_cli.envs.registry import make_env
+    from trace_cli.envs.rollout import replay
+
+    def label(env, seed, actions) -> str:
+        r = replay(env, seed, actions)
+        ep = {"episode_id": str(seed), "task_id": r.task_id, "success": r.success, "reward": r.reward}
+        ep |= {"messages": r.messages, "reference_actions": r.metadata["reference_actions"]}
+        return tool_calling_precision(Trajectory.from_episode(ep))[0]
+
+    env = make_env("shop")
+    variants = set()
+    for seed in range(240):
+        env.reset(seed)
+        task = env._task
+        assert label(env, seed, env.reference_actions()) != LACKING, (seed, task.family)
+        for cap in task.capabilities:
+            want = LACKING if cap == "tool_calling_precision" else PRESENT
+            got = label(env, seed, env.demonstration({cap}))
+            assert got == want or (want == PRESENT and got == NA), (seed, task.family, task.variant, cap, got)
+            variants |= {task.variant} if cap == "tool_calling_precision" else set()
+    assert {"state_spelled_out", "address_lines_merged", "user_id_without_suffix"} <= variants

@@ -72,6 +72,25 @@ def test_build_and_eval_on_shop(composed_store, tiny, method):
     assert again.exit_code == 0 and "up to date" in again.output
 
 
+@pytest.mark.parametrize("method", ["router", "moe"])
+def test_one_adapter_composes_with_the_base_as_a_slot(composed_store, tiny, method):
+    """Router and moe take a single adapter: the base is always a slot (router label A, moe slot 0), so the
+    composition can keep the base where the adapter does not apply."""
+    st = composed_store
+    cfg = {"method": method, "base": str(tiny.hf), "adapters": ["store://adapter/structured"]}
+    if method == "moe":
+        cfg["moe"] = {"data": [], "seeds": "0:3", "steps": 0, "target": TARGET}
+    art = execute("compose", cfg, st, name=f"one-{method}").main
+    doc = yaml.safe_load((art.path / "composition.yaml").read_text())
+    assert [e["name"] for e in doc["experts"]] == [list(CAPS)[0]] and art.summary["n_experts"] == 1
+    if method == "router":
+        assert doc["experts"][0]["label"] == "B"  # A is the base
+    else:
+        assert doc["experts"][0]["slot"] == 1 and doc["gates"]["slots"] == ["base", list(CAPS)[0]]
+    ev = {"model": art.uri, "env": "shop", "seeds": "0:2", "max_turns": 2, "max_new_tokens": 6}
+    assert execute("eval", ev, st).outputs["eval"].summary["episodes"] == 2
+
+
 def test_router_decisions():
     from trace_cli.compose.router import decide
 
@@ -148,8 +167,8 @@ def _fails(st, *args) -> str:
 
 def test_bad_input_exit_2(composed_store, tiny, tmp_path):
     st = composed_store
-    out = _fails(st, "--method", "router", "--adapter", "store://adapter/structured")
-    assert "at least two adapters" in out
+    out = _fails(st, "--method", "merge", "--adapter", "store://adapter/structured")
+    assert "a merge needs at least two adapters" in out
     out = _fails(
         st,
         "--method",

@@ -141,3 +141,25 @@ def test_rules_on_tau2_retail(retail_store):
     # the table output, and an identical re-run is skipped
     r = run_cli("diagnose", "--rollouts", "store://rollouts/retail", "--store", retail_store)
     assert r.exit_code == 0 and "up to date" in r.output and "SELECTED" in r.output
+
+
+def test_selection_by_agreement_across_bootstrap_seeds(retail_store):
+    """The selection is repeated for `bootstrap_seeds` seeds; each capability reports how often it was selected
+    (the share of single-seed diagnoses that select it) and is kept when that share reaches `agreement`."""
+    st = Store(retail_store)
+    base = {"rollouts": "store://rollouts/retail", "analyst": "rules"}
+
+    def doc_of(**cfg):
+        art = execute("diagnose", {**base, **cfg}, st).main
+        return yaml.safe_load((art.path / "capabilities.yaml").read_text())
+
+    singles = [doc_of(seed=b, bootstrap_seeds=1, coverage_min=0.3) for b in range(4)]
+    agreed = doc_of(seed=0, bootstrap_seeds=4, agreement=0.5, coverage_min=0.3)
+    assert agreed["thresholds"]["bootstrap_seeds"] == 4 and agreed["thresholds"]["agreement"] == 0.5
+    for c in agreed["selected"] + agreed["rejected"]:
+        n = sum(any(s["name"] == c["name"] for s in d["selected"]) for d in singles)
+        assert c["selection_frequency"] == n / 4, c["name"]
+        assert (c in agreed["selected"]) == (n >= 2)
+    freqs = {c["selection_frequency"] for c in agreed["selected"] + agreed["rejected"]}
+    assert freqs - {0.0, 1.0}, freqs  # the seeds disagree on some capability: agreement decides it
+    assert {c["selection_frequency"] for d in singles for c in d["selected"] + d["rejected"]} <= {0.0, 1.0}

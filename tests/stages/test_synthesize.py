@@ -101,7 +101,11 @@ def test_calibration_failure_raises_checkfailed_with_attempts(st):
         )
     d = e.value.details
     assert len(d["attempts"]) == 2 and all(a["mean_success"] == 0.0 for a in d["attempts"])
-    assert "attempt 1 (level 4" in e.value.message and "attempt 2 (level 3" in e.value.message
+    # too hard: hints first (the level is kept), recorded in the artifact's attempts
+    assert "attempt 1 (level 4" in e.value.message and "attempt 2 (level 4, hints 0.50" in e.value.message
+    assert [a["hint_share"] for a in d["attempts"]] == [0.0, 0.5]  # 1 of 2 rollouts: share 0.25 rounded
+    assert d["attempts"][1]["params"]["hint_share"] == 0.25
+    assert all(a["frac_constant_low"] == 1.0 for a in d["attempts"])
     assert e.value.exit_code == 1
     # charged what ran (the sequential test may stop an attempt early), and remembered: the same config fails
     # again at once with the same numbers, and --force runs it again
@@ -116,7 +120,7 @@ def test_calibration_failure_raises_checkfailed_with_attempts(st):
     with pytest.raises(CheckFailed) as again:
         execute("synthesize", cfg, st)
     assert again.value.details["cached"] and again.value.details["rollouts_run"] == ran
-    assert "cached failure" in again.value.message and "attempt 2 (level 3" in again.value.message
+    assert "cached failure" in again.value.message and "attempt 2 (level 4, hints" in again.value.message
     with pytest.raises(CheckFailed) as forced:
         execute("synthesize", cfg, st, force=True)
     assert "cached" not in forced.value.details
@@ -289,6 +293,9 @@ def test_calibration_adjusts_difficulty_then_passes(st, monkeypatch):
     att = doc["calibration"]["attempts"]
     assert [a["params"]["level"] for a in att] == [2, 3] and att[0]["next"] == "harder" and att[1]["in_band"]
     assert doc["params"]["level"] == 3 and art.summary["calibration_attempts"] == 2
+    # the admitted attempt's hint share and reward-based constant-group share, in the summary and the document
+    assert art.summary["hint_share"] == att[1]["hint_share"] == 0.0
+    assert art.summary["frac_constant_low"] == att[1]["frac_constant_low"] <= 0.2
 
 
 @pytest.fixture(scope="module")

@@ -151,3 +151,26 @@ def test_truncated_turn_is_closed_with_an_env_eos(tok):
     seq = episode_sequence(r.turns, policy.eos_id)
     env_part = seq["completion_ids"][5 : seq["env_mask"].index(1, 5)]
     assert env_part[0] == policy.eos_id
+
+
+def test_hinted_episodes_are_sampled_with_the_hint_and_trained_on_the_original_prompt(tok):
+    """Hint injection: the first `hints` episodes of each group see the task's <expert_guidance> block; their
+    sequences carry the prompt without it (the one the unhinted episodes of the same seed have), and the same
+    completion tokens as an unhinted episode that acts alike."""
+    from trace_cli.envs.synthetic import get_template
+    from trace_cli.envs.synthetic.hints import OPEN
+    from trace_cli.training.grpo_rollout import group_episodes
+
+    cls = get_template("structured_data_reasoning")
+    policy = ScriptedPolicy(tok, budget=10_000, max_new_tokens=10_000)
+    seeds = [3, 3, 3, 3, 8, 8, 8, 8]
+    results, seqs = group_episodes(policy, lambda: cls(hint_share=0.5), seeds, 2, max_turns=30, batch_size=8)
+    assert [r.seed for r in results] == seeds and all(r.reward == 1.0 for r in results)
+    saw = [OPEN in r.messages[0]["content"] for r in results]
+    assert saw == [True, True, False, False] * 2  # the first 2 of each group of 4
+    for g in (0, 4):
+        hinted_seq, plain_seq = seqs[g], seqs[g + 2]
+        assert hinted_seq["prompt_ids"] == plain_seq["prompt_ids"]  # the gradient sees the original prompt
+        assert hinted_seq["completion_ids"] == plain_seq["completion_ids"]
+        assert results[g].turns[0]["prompt_ids"] != hinted_seq["prompt_ids"]  # sampled with the hint
+        assert OPEN not in tok.decode(hinted_seq["prompt_ids"])

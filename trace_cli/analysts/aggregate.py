@@ -6,6 +6,8 @@ Per labelling run and capability c, over episodes weighted by how often the run 
   Δ   = ER⁻ − ER⁺,   coverage = LACKING_failed / all failed episodes (ERROR-labelled ones left out)
 A run passes c when coverage ≥ ρ and Δ ≥ δ (Δ undefined, i.e. no failure needs c, never passes);
 c is selected when it passes in ≥ K of N runs; selected capabilities are sorted by mean Δ.
+With bootstrap resampling the whole selection is repeated for several bootstrap seeds, and a capability is kept
+when it is selected for at least a given share of them (`agreement`).
 """
 
 from __future__ import annotations
@@ -129,3 +131,13 @@ def select(
         )
     out.sort(key=lambda s: (not s.selected, -s.mean_delta, s.capability))
     return out
+
+
+def agreement(selections: list[list[Selection]]) -> dict[str, float]:
+    """How often each capability was selected across bootstrap seeds (one selection each); the diagnosis keeps
+    a capability when that frequency reaches its `agreement` share (no single bootstrap seed decides)."""
+    n = len(selections) or 1
+    caps = {s.capability for sel in selections for s in sel}
+    return {
+        c: sum(any(s.capability == c and s.selected for s in sel) for sel in selections) / n for c in caps
+    }

@@ -10,8 +10,10 @@ Detectors (each returns NA when the capability is not needed, else PRESENT or LA
   but not all of them (matched by tool name and id arguments); PRESENT when all, or none (borderline
   cases lean PRESENT: a failure with no write at all is not a completion failure).
 - tool_calling_precision — needed when the agent calls tools. LACKING on a malformed call, a call
-  rejected for its schema/format, or a call equal to a reference call except for the format of an
-  argument (e.g. "W123" for "#W123", 2101 for "02101").
+  rejected for its schema/format, a call equal to a reference call except for the format of an
+  argument (e.g. "W123" for "#W123", 2101 for "02101"), or a write that differs from the reference's only
+  where it did not copy exactly (a value the user stated written otherwise: "Texas" for "TX", two address
+  lines merged; an id cut short) — the slips the shop's precision tasks are built from.
 - structured_data_reasoning — needed when a reference call takes a value that the agent could only get
   from a tool result (present in an earlier tool result, absent from the user's messages). LACKING when the
   agent made that call with a different value although the right one had been shown to it.
@@ -152,6 +154,29 @@ def multi_step_completion(t: Trajectory) -> tuple[str, str]:
     return PRESENT, f"all {len(ref)} required operations done"
 
 
+def _said(value: Any, text: str) -> bool:
+    v = str(value).strip()
+    return bool(v) and re.search(rf"(?<!\w){re.escape(v)}(?!\w)", text, re.I) is not None
+
+
+def _inexact_copy(c: Call, refs: list[dict[str, Any]], user: str) -> str | None:
+    """A write whose arguments differ from the right call's only where it did not copy exactly: a value the
+    user stated ("TX" written "Texas", two address lines merged into one) or an id cut short."""
+    if not is_write(c.name):
+        return None
+    args = _args(c)
+    for r in refs:
+        ra = r.get("arguments", {}) or {}
+        diff = [k for k in ra if norm(args.get(k)) != norm(ra[k])]
+        stated = [k for k in diff if not k.endswith(("_id", "_ids")) and (_said(ra[k], user) or not ra[k])]
+        cut = [k for k in diff if k.endswith("_id") and str(ra[k]).startswith(str(args.get(k)) or "\0")]
+        if diff and set(diff) <= set(stated) | set(cut):
+            return (
+                f"{c.name}: {', '.join(diff)} not copied exactly (from what the user said or a tool returned)"
+            )
+    return None
+
+
 def tool_calling_precision(t: Trajectory) -> tuple[str, str]:
     calls = t.calls()
     bad = t.malformed_turns()
@@ -161,9 +186,14 @@ def tool_calling_precision(t: Trajectory) -> tuple[str, str]:
     for c in calls:
         if c.error and c.result and any(m in c.result.lower() for m in SCHEMA_ERROR_MARKERS):
             problems.append(f"{c.name} rejected: {c.result[:80]}")
+    user = " ".join(t.user_texts())
     for c in calls:
         refs = [r for r in (t.reference or []) if r.get("name") == c.name]
         if not refs or any(_args(c) == r.get("arguments", {}) for r in refs):
+            continue
+        inexact = _inexact_copy(c, refs, user)
+        if inexact:
+            problems.append(inexact)
             continue
         before = [p for p in calls if p.index < c.index]
         kinds = [

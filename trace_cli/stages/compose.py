@@ -4,8 +4,9 @@
 transcripts (an expert's environment teaches its slot; a target conversation teaches the slot of the expert whose
 capability it needs, from a diagnosis's labels or the rules detectors) and reports routing accuracy on held-out
 turns (of the agent's own conversations with `moe.test_rollouts`); `merge` saves PEFT's linear merge. Every check
-(adapters exist, share the base, are at least two, gates fit the base) runs in `prepare`, before anything is
-written. The artifact holds copies of the adapters, so it stays usable when they are collected.
+(adapters exist, share the base, are at least two for a merge, gates fit the base) runs in `prepare`, before
+anything is written. The base is always a slot of router and moe (label A / slot 0), so they take one adapter:
+a composition then uses it only where it is chosen over the base. The artifact holds copies of the adapters, so it stays usable when they are collected.
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ def _recorded_base(art) -> str | None:
 
 def _adapters(cfg: dict[str, Any], store: Store) -> list[dict[str, Any]]:
     refs = cfg["adapters"]
-    if len(refs) < 2:
+    if len(refs) < 2 and cfg["method"] == "merge":
         raise UsageError(
-            f"a composition needs at least two adapters, got one ({refs[0]}); evaluate a single adapter "
-            f"directly: trace eval --model {refs[0]}"
+            f"a merge needs at least two adapters, got one ({refs[0]}); router and moe take one (the base is "
+            f"always a slot: they choose between the base and it), or evaluate it directly: trace eval --model "
+            f"{refs[0]}"
         )
     if len(set(refs)) != len(refs):
         raise UsageError(f"--adapter: the same adapter is given twice ({', '.join(refs)})")

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from trace_cli.analysts.aggregate import run_stats, select
+from trace_cli.analysts.aggregate import agreement, run_stats, select
 from trace_cli.analysts.base import Candidate
 from trace_cli.config import safe_yaml
 from trace_cli.config.loading import load_document
@@ -136,6 +136,33 @@ def _weights(eps: list[dict[str, Any]], run: int, seed: int, bootstrap: bool) ->
     return {e["episode_id"]: float(w.get(e["episode_id"], 0)) for e in eps}
 
 
+def _per_run(cands, labels, eps, runs: int, seed: int, bootstrap: bool) -> dict[str, list]:
+    """Capability -> its RunStats in each labelling run, episodes weighted by bootstrap seed `seed`."""
+    success = {e["episode_id"]: e["success"] for e in eps}
+    out: dict[str, list] = {c.name: [] for c in cands}
+    for r in range(runs):
+        w = _weights(eps, r, seed, bootstrap)
+        for c in cands:
+            rows = [
+                (success[lb.episode_id], lb.label, w.get(lb.episode_id, 0.0))
+                for lb, _ in labels
+                if lb.capability == c.name and lb.run == r
+            ]
+            out[c.name].append(run_stats(rows))
+    return out
+
+
+def _examples(cap: str, labels, by_id) -> list[str]:
+    """Task ids of failed episodes labelled LACKING for `cap`, first seen first."""
+    seen: list[str] = []
+    for lb, _w in labels:
+        if lb.capability == cap and lb.label == "LACKING" and not by_id[lb.episode_id]["success"]:
+            tid = str(by_id[lb.episode_id]["task_id"])
+            if tid not in seen:
+                seen.append(tid)
+    return seen
+
+
 def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=False) -> dict[str, Artifact]:
     from trace_cli.analysts import get_analyst
 
@@ -183,26 +210,23 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
             "answer); they are left out of the counts",
             file=sys.stderr,
         )
-    per_run: dict[str, list] = {c.name: [] for c in cands}
-    examples: dict[str, list[str]] = {c.name: [] for c in cands}
-    for c in cands:
-        for r in range(cfg["runs"]):
-            rows = [
-                (by_id[lb.episode_id]["success"], lb.label, w)
-                for lb, w in labels
-                if lb.capability == c.name and lb.run == r
-            ]
-            per_run[c.name].append(run_stats(rows))
-        seen = []
-        for lb, _w in labels:
-            if lb.capability == c.name and lb.label == "LACKING" and not by_id[lb.episode_id]["success"]:
-                tid = str(by_id[lb.episode_id]["task_id"])
-                if tid not in seen:
-                    seen.append(tid)
-        examples[c.name] = seen
-    sel = select(
-        per_run, rho=cfg["coverage_min"], delta=cfg["delta_min"], k=cfg["min_runs"], examples=examples
-    )
+    examples = {c.name: _examples(c.name, labels, by_id) for c in cands}
+    seeds = [cfg["seed"] + b for b in range(cfg["bootstrap_seeds"] if bootstrap else 1)]
+    sels = [
+        select(
+            _per_run(cands, labels, eps, cfg["runs"], s, bootstrap),
+            rho=cfg["coverage_min"],
+            delta=cfg["delta_min"],
+            k=cfg["min_runs"],
+            examples=examples,
+        )
+        for s in seeds
+    ]
+    freq = agreement(sels)
+    sel = sels[0]  # the statistics of the first bootstrap seed; the choice by agreement of all of them
+    for s in sel:
+        s.selected = freq[s.capability] >= cfg["agreement"] - 1e-12
+    sel.sort(key=lambda s: (not s.selected, -s.mean_delta, s.capability))
     desc = {c.name: c for c in cands}
 
     def entry(s) -> dict[str, Any]:
@@ -216,6 +240,7 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
             "runs_passed": s.runs_passed,
             "runs_total": len(s.runs),
             "example_failed_task_ids": s.example_failed,
+            "selection_frequency": round(freq[s.capability], 4),
         }
         if desc[s.capability].distractor:
             d["distractor"] = True
@@ -226,6 +251,9 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
             if s.mean_delta < cfg["delta_min"]:
                 why.append(f"delta {s.mean_delta:.2f} < {cfg['delta_min']}")
             why.append(f"passed {s.runs_passed}/{len(s.runs)} runs < {cfg['min_runs']}")
+            why.append(
+                f"selected for {freq[s.capability]:.0%} of {len(seeds)} bootstrap seeds < {cfg['agreement']:.0%}"
+            )
             d["reason"] = "; ".join(why)
         return d
 
@@ -241,6 +269,8 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
             "runs": cfg["runs"],
             "min_runs": cfg["min_runs"],
             "resample": "bootstrap" if bootstrap else "none",
+            "bootstrap_seeds": len(seeds),
+            "agreement": cfg["agreement"],
         },
         "episodes": {"failed": n_fail, "passed": len(eps) - n_fail},
         "selected": [entry(s) for s in sel if s.selected],

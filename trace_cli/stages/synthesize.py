@@ -306,6 +306,9 @@ def _calibrate_and_write(
                 "mean_reward": last.mean_reward,
                 "frac_all0": last.frac_all0,
                 "frac_all1": last.frac_all1,
+                "frac_constant_low": last.frac_constant_low,  # constant-reward groups below 1 (the band's)
+                "hint_share": last.hint_share,
+                "mean_success_unhinted": last.mean_success_unhinted,
                 "seeds_train": doc["seeds"]["train"],
                 "seeds_eval": doc["seeds"]["eval"],
             }

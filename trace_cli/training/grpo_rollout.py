@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trace_cli.agents.token_history import episode_sequence
+from trace_cli.envs.synthetic.hints import hinted
 from trace_cli.training.grpo_spec import GRPOSpec
 
 SEED_PREFIX = "trace-seed:"
@@ -50,10 +51,10 @@ def _vllm_generate(trainer):
 def make_rollout_func(spec: GRPOSpec, tokenizer, max_context: int, state: dict[str, Any]):
     """TRL `rollout_func(prompts, trainer)`: one episode of our shared rollout loop per prompt entry."""
     from trace_cli.agents.token_history import TokenPolicy
-    from trace_cli.envs.rollout import rollout
 
     replay = list(spec.replay)
     sampling = spec.sampling
+    hint_share = float(getattr(spec.make_env(), "hint_share", 0.0))  # an admitted environment's setting
 
     def replayed(n: int) -> dict[str, list] | None:
         """The next n pre-generated episodes (whole groups), in rollout_func's format; None when too few are left."""
@@ -94,11 +95,9 @@ def make_rollout_func(spec: GRPOSpec, tokenizer, max_context: int, state: dict[s
                 seed=run_seed,
                 generate_fn=_vllm_generate(trainer) if spec.use_vllm else None,
             )
-            jobs = [(s, i) for i, s in enumerate(seeds)]
-            results = rollout(
-                policy, spec.make_env, jobs, max_turns=sampling.max_turns, batch_size=spec.rollout_batch_size
-            )
-        seqs = [episode_sequence(r.turns, policy.eos_id) for r in results]
+            hints = hinted(hint_share, spec.num_generations)
+            kw = {"max_turns": sampling.max_turns, "batch_size": spec.rollout_batch_size}
+            results, seqs = group_episodes(policy, spec.make_env, seeds, hints, **kw)
         state["rollout_s"] = state.get("rollout_s", 0.0) + time.monotonic() - t0
         state["episodes"] = state.get("episodes", 0) + len(results)
         state["gen_tokens"] = state.get("gen_tokens", 0) + sum(r.gen_tokens for r in results)
@@ -106,6 +105,44 @@ def make_rollout_func(spec: GRPOSpec, tokenizer, max_context: int, state: dict[s
         return rollout_columns(seqs, outcomes, logprobs=spec.use_vllm)
 
     return rollout_func
+
+
+def group_episodes(policy, make_env, seeds: list[int], hints: int, **kw) -> tuple[list, list[dict[str, Any]]]:
+    """One episode per entry of `seeds` (a group's copies of a seed are consecutive) and its token sequence. The
+    first `hints` episodes of each group see the task's `<expert_guidance>` (`hints.HintedEnv`); their results
+    keep the hinted prompt, their sequences the original one: the gradient step sees the prompt without hint."""
+    from trace_cli.envs.rollout import rollout
+    from trace_cli.envs.synthetic.hints import HintedEnv
+
+    rank: list[int] = []
+    seen: dict[int, int] = {}
+    for s in seeds:  # each episode's place in its group
+        rank.append(seen.get(s, 0))
+        seen[s] = rank[-1] + 1
+    jobs = [(s, i) for i, s in enumerate(seeds)]
+    chosen = {i for i, k in enumerate(rank) if k < hints}
+    with_hint = [j for j in jobs if j[1] in chosen]
+    done = rollout(policy, lambda: HintedEnv(make_env()), with_hint, **kw)
+    done += rollout(policy, make_env, [j for j in jobs if j[1] not in chosen], **kw)
+    results = sorted(done, key=lambda r: r.trial)
+    seqs = [episode_sequence(r.turns, policy.eos_id) for r in results]
+    for r, seq in zip(results, seqs, strict=True):
+        if r.trial in chosen and r.turns:
+            seq["prompt_ids"] = original_prompt_ids(policy, r)
+    return results, seqs
+
+
+def original_prompt_ids(policy, result) -> list[int]:
+    """The episode's first prompt without the hint, rendered and encoded as the policy rendered the hinted one."""
+    from trace_cli.envs.synthetic.hints import strip_guidance
+    from trace_cli.models.chat import render
+
+    msgs = result.messages
+    first = next((i for i, m in enumerate(msgs) if m["role"] == "assistant"), len(msgs))
+    opening = [
+        dict(m, content=strip_guidance(m["content"])) if m["role"] == "system" else m for m in msgs[:first]
+    ]
+    return policy._encode(render(policy.tok, opening, result.tools, add_generation_prompt=True))
 
 
 def rollout_columns(

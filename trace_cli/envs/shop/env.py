@@ -185,7 +185,7 @@ class ShopEnv(ShopEpisodes):
             self._task_key = self._key(seed)
         # else: resetting to the current seed again (e.g. several rollouts of one task) reuses the task.
         task = self._task
-        self._start(ScriptedUser(task.identify, task.request))
+        self._start(self._user(task))
         names = list(TOOL_SCHEMAS) if self.tool_set == "all" else task.tools
         self._tools = {n: TOOL_SCHEMAS[n] for n in names}
         return Observation(
@@ -197,6 +197,10 @@ class ShopEnv(ShopEpisodes):
         )
 
     _task_key: Any = None
+
+    def _user(self, task: Task) -> ScriptedUser:
+        """The scripted user of an episode (shop-mixed's reveals its later requests in turn)."""
+        return ScriptedUser(task.identify, task.request, getattr(task, "later", ()))
 
     def _key(self, seed: int) -> Any:
         """What besides the seed decides the task (the family, for the shop): a change reloads it."""
@@ -277,12 +281,14 @@ class ShopEnv(ShopEpisodes):
 class ShopMixedEnv(ShopEnv):
     """`shop-mixed`: one conversation with 1-4 requests, all of which must be right (see `tasks.mixed`).
 
-    Same tools, user simulator and verifier as `shop`; the task of a seed is drawn by `tasks.mixed.build_task`
-    (its family is a shop family for one request, `mixed<k>` for k requests). `families` does not apply."""
+    Same tools, user simulator and verifier as `shop`, but every task offers every tool (`tool_set="all"`: the
+    tools do not reveal the task) and the user states one request at a time; the task of a seed is drawn by
+    `tasks.mixed.build_task` (its family is a shop family for one request, `mixed<k>` for k requests).
+    `families` does not apply."""
 
     name = "shop-mixed"
 
-    def __init__(self, max_turns: int = 16, n_orders: int = 5, tool_set: str = "task"):
+    def __init__(self, max_turns: int = 16, n_orders: int = 5, tool_set: str = "all"):
         super().__init__(max_turns=max_turns, n_orders=n_orders, tool_set=tool_set)
 
     def family_for_seed(self, seed: int) -> str:

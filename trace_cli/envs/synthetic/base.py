@@ -9,7 +9,11 @@ an agent message that asks nothing ends the episode).
 
 Difficulty: each template lists `LEVELS` (knob settings, easiest first). `level` picks one; knobs passed
 explicitly override (pin) that level's values. `harder(params)` / `easier(params)` move the level one step,
-keeping pinned knobs, and return None at the ends; calibration uses them.
+keeping pinned knobs, and return None at the ends; calibration uses them. Between two levels difficulty is
+numeric: `mix` (in [0, 1]) draws that share of seeds with the next level's knobs (each seed decides by its own
+random stream), so `position = level + mix` is a continuous axis that `between(easy, hard)` bisects when a
+policy is bimodal between adjacent levels. `hint_share` is the share of a group's rollouts that train and
+calibrate with the task's `<expert_guidance>` hint (see `hints`); it does not change the tasks.
 
 Reward: `grade()` returns components in [0, 1]; reward = Σ WEIGHTS[c]·component (graded, so GRPO groups vary),
 success = every component is 1 (then reward is exactly 1).
@@ -190,7 +194,16 @@ class SyntheticEnv(ShopEpisodes):
     WEIGHTS: ClassVar[dict[str, float]] = {}
     MAX_BUILD_TRIES: ClassVar[int] = 20
 
-    def __init__(self, *, level: int | None = None, tools: Any = None, max_turns: int = 12, **knobs: Any):
+    def __init__(
+        self,
+        *,
+        level: int | None = None,
+        tools: Any = None,
+        max_turns: int = 12,
+        mix: float = 0.0,
+        hint_share: float = 0.0,
+        **knobs: Any,
+    ):
         tname = self.capability
         if level is None:
             level = self.DEFAULT_LEVEL
@@ -213,6 +226,8 @@ class SyntheticEnv(ShopEpisodes):
         self.pinned = {k: self.KNOBS[k].check(tname, k, v) for k, v in knobs.items()}
         self.knobs = {**self.LEVELS[level], **self.pinned}
         self._validate_knobs()
+        self._set_mix(Knob(float, 0.0, 1.0).check(tname, "mix", mix))
+        self.hint_share = Knob(float, 0.0, 1.0).check(tname, "hint_share", hint_share)
         self.exposed = exposed_tools(self.TOOLS, tools)
         self.tool_schemas, self.tool_sources = resolve_tools(self.exposed, tools)
         self.name = f"synthetic-{tname}"
@@ -224,17 +239,44 @@ class SyntheticEnv(ShopEpisodes):
     def _knob_error(self, problem: str) -> UsageError:
         return UsageError(f"{self.capability}: {problem}")
 
+    def _set_mix(self, mix: float) -> None:
+        """The level's knobs, and (mix > 0) the next level's for that share of seeds (pins that differ from
+        the level's own values apply to both)."""
+        if mix and self.level + 1 >= len(self.LEVELS):
+            raise self._knob_error("mix needs a harder level above 'level'")
+        self.mix, self.level_knobs = mix, self.knobs
+        changed = {k: v for k, v in self.pinned.items() if self.LEVELS[self.level].get(k) != v}
+        self.next_knobs = {**self.LEVELS[self.level + 1], **changed} if mix else self.knobs
+
     @property
     def params(self) -> dict[str, Any]:
-        """Everything that defines the task distribution: level plus the effective knob values."""
-        return {"level": self.level, **self.knobs}
+        """Everything that defines the task distribution: level plus the effective knob values (and `mix`,
+        `hint_share` where set)."""
+        extra = {k: v for k, v in (("mix", self.mix), ("hint_share", self.hint_share)) if v}
+        return {"level": self.level, **self.level_knobs, **extra}
 
     @classmethod
     def _step(cls, params: dict[str, Any], delta: int) -> dict[str, Any] | None:
         level = params.get("level", cls.DEFAULT_LEVEL) + delta
         if not 0 <= level < len(cls.LEVELS):
             return None
-        return {**params, "level": level}
+        return {**{k: v for k, v in params.items() if k != "mix"}, "level": level}
+
+    @classmethod
+    def position(cls, params: dict[str, Any]) -> float:
+        return params.get("level", cls.DEFAULT_LEVEL) + float(params.get("mix", 0.0))
+
+    @classmethod
+    def between(cls, easy: dict[str, Any], hard: dict[str, Any], resolution: float = 0.125) -> dict | None:
+        """Half-way between a setting found too easy and a harder one found too hard (same other params), on
+        the `level + mix` axis; None when they are closer than 2 * `resolution`."""
+        a, b = cls.position(easy), cls.position(hard)
+        rest = {k: v for k, v in easy.items() if k not in ("level", "mix")}
+        if b - a < 2 * resolution or rest != {k: v for k, v in hard.items() if k not in ("level", "mix")}:
+            return None
+        level = int((a + b) / 2)
+        mix = round((a + b) / 2 - level, 4)
+        return {**rest, "level": level, **({"mix": mix} if mix else {})}
 
     @classmethod
     def harder(cls, params: dict[str, Any]) -> dict[str, Any] | None:
@@ -253,6 +295,8 @@ class SyntheticEnv(ShopEpisodes):
         raise NotImplementedError
 
     def _make_scenario(self, seed: int) -> Scenario:
+        harder = self.mix and random.Random(f"mix:{self.capability}:{seed}").random() < self.mix
+        self.knobs = self.next_knobs if harder else self.level_knobs  # the seed's knobs, kept for grade()
         rng = random.Random(f"synthetic:{self.capability}:{seed}")
         for _ in range(self.MAX_BUILD_TRIES):
             sc = self.build(rng)
