@@ -45,6 +45,8 @@ NOT_THE_KEY = {
     "training/sft.py:tokenize:loss_on": "the tokenizer's own mode; the stage passes its config value",
     "envs/shop/env.py:ShopEnv.demonstration:deficits": "an episode's deficits (none: the reference)",
     "compose/moe.py:attach:context": "gates read the running context: the layer's own switch",
+    "envs/synthetic/base.py:SyntheticEnv.__init__:hint_share": "the admitted environment's hint share (0: none)",
+    "envs/synthetic/calibrate.py:.get:hint_share": "an attempt's own hint share (none until the search adds it)",
 }
 # defaults in modules other sessions are changing now (issue 32): they go, and so does their line here
 PENDING = {

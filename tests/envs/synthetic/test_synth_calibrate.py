@@ -52,6 +52,7 @@ def test_group_stats_and_judge():
 
 def _run(p_by_level, start_level=2, attempts=5, look=0, **kw):
     cls = get_template("precondition_verification")
+    kw = {"hint_share": 0.0, "min_seeds": 16} | kw
     return calibrate(
         **kw,
         factory_for=lambda params: lambda: cls(**params),
@@ -117,14 +118,14 @@ def test_clear_decision_intervals():
     from trace_cli.envs.synthetic.calibrate import clear_decision
 
     half = [_r(s, t % 2) for s in range(24) for t in range(8)]  # every group half right
-    assert clear_decision(half, Band(), 2.0) == (True, None)
+    assert clear_decision(half, Band(), 2.0, 16) == (True, None)
     # with 16 groups and none all-0, the all-0 share could still be above 0.2 (Agresti-Coull): not yet clear
-    assert clear_decision(half[: 16 * 8], Band(), 2.0) is None
+    assert clear_decision(half[: 16 * 8], Band(), 2.0, 16) is None
     none = [_r(s, 0) for s in range(16) for t in range(8)]
-    assert clear_decision(none, Band(), 2.0) == (False, "easier")
-    assert clear_decision(none[: 15 * 8], Band(), 2.0) is None  # no decision before 16 seeds
+    assert clear_decision(none, Band(), 2.0, 16) == (False, "easier")
+    assert clear_decision(none[: 15 * 8], Band(), 2.0, 16) is None  # no decision before 16 seeds
     few = [_r(s, t % 2) for s in range(3) for t in range(8)]  # too few groups for the all-0 share to be clear
-    assert clear_decision(few, Band(), 2.0) is None
+    assert clear_decision(few, Band(), 2.0, 16) is None
 
 
 def test_constant_groups_are_judged_on_the_reward():
@@ -170,6 +171,7 @@ def test_hints_admit_a_level_the_policy_cannot_solve_alone():
         seeds=list(range(24)),
         rollouts=8,
         hint_share=0.25,
+        min_seeds=16,
         **kw,
     )
     assert [a.params for a in cal.attempts] == [{"level": 3}, {"level": 3, "hint_share": 0.25}]

@@ -125,7 +125,7 @@ def _ac_interval(x: float, n: int, z: float) -> tuple[float, float]:
 
 
 def clear_decision(
-    results: Sequence[Any], band: Band, z: float, min_seeds: int = 16
+    results: Sequence[Any], band: Band, z: float, min_seeds: int
 ) -> tuple[bool, str | None] | None:
     """The band decision if the evidence so far makes it clear (see the module docstring), else None."""
     groups = _groups(results)
@@ -264,13 +264,13 @@ def calibrate(
     harder: Callable[[dict[str, Any]], dict[str, Any] | None] = lambda p: None,
     easier: Callable[[dict[str, Any]], dict[str, Any] | None] = lambda p: None,
     between: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any] | None] | None = None,
-    hint_share: float = 0.0,
+    hint_share: float,
     max_turns: int = 12,
     batch_size: int = 64,
     progress: Callable[[int, int], Any] | None = None,
     look: int = 0,
     z: float = 2.0,
-    min_seeds: int = 16,
+    min_seeds: int,
 ) -> Calibration:
     """Measure, judge, adjust (module docstring); `progress(attempt, total_episodes)` may return a context
     manager with `advance()`. `look` > 0: a sequential test, `look` seeds at a time."""
