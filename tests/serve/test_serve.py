@@ -6,7 +6,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -14,9 +13,11 @@ import urllib.request
 
 import pytest
 import tinymodel  # noqa: E402
+from serve_testing import call_exchange, free_port  # noqa: E402
 from trace_testing import BIN, run_cli  # noqa: E402
 
 openai = pytest.importorskip("openai")
+_KEY = {"Authorization": "Bearer k3y"}
 
 
 def _http(method, url, body=None, headers=None, timeout=30):
@@ -32,12 +33,6 @@ def _http(method, url, body=None, headers=None, timeout=30):
         return e.code, json.loads(e.read())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """The shared tiny model as store://model/tiny, served with an API key; yields (base_url, store, proc)."""
@@ -46,7 +41,7 @@ def server(tmp_path_factory):
     from trace_cli.store import Store
 
     Store(store).set_name("model", "tiny", tiny.id)
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TRACE_NO_PROGRESS": "1"}
     log = tmp_path_factory.mktemp("serve-log") / "stderr.txt"
     proc = subprocess.Popen(
@@ -103,18 +98,7 @@ def test_chat_completion_with_tools(server):
     messages = [
         {"role": "system", "content": "You are a shop agent."},
         {"role": "user", "content": "Where is order #W1000001?"},
-        {
-            "role": "assistant",
-            "content": "",
-            "tool_calls": [
-                {
-                    "id": "c1",
-                    "type": "function",
-                    "function": {"name": "get_order_details", "arguments": '{"order_id": "#W1000001"}'},
-                }
-            ],
-        },
-        {"role": "tool", "tool_call_id": "c1", "content": '{"status": "delivered"}'},
+        *call_exchange("c1", "get_order_details", '{"order_id": "#W1000001"}', '{"status": "delivered"}'),
     ]
     r = client.chat.completions.create(
         model="tiny", messages=messages, tools=TOOLS, tool_choice="auto", temperature=0, max_tokens=16, n=2
@@ -129,7 +113,13 @@ def test_chat_completion_with_tools(server):
     # streaming gives the same text
     chunks = list(
         client.chat.completions.create(
-            model="tiny", messages=messages, tools=TOOLS, max_tokens=16, temperature=0, stream=True
+            model="tiny",
+            messages=messages,
+            tools=TOOLS,
+            max_tokens=16,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
         )
     )
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
@@ -139,7 +129,7 @@ def test_chat_completion_with_tools(server):
 
 def test_bad_requests_get_openai_errors(server):
     base, _, _ = server
-    h = {"Authorization": "Bearer k3y"}
+    h = _KEY
     for body, param in (
         ({"model": "tiny", "messages": []}, "messages"),
         ({"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
@@ -238,9 +228,9 @@ def test_tool_choice_required_and_named_return_that_call(server):
         model="tiny", messages=ASK, tools=TWO_TOOLS, tool_choice="required", temperature=0, max_tokens=24
     )
     c = r.choices[0]
-    assert c.finish_reason == "tool_calls" and c.message.content is None  # a call-only reply: content null
+    # a call-only reply: content null; the tiny model never closes the call (newlines): max_tokens cuts it
+    assert c.finish_reason == "length" and c.message.content is None
     assert len(c.message.tool_calls) == 1 and c.message.tool_calls[0].function.name in names
-    assert isinstance(json.loads(c.message.tool_calls[0].function.arguments), dict)
     for name in sorted(names):
         for stream in (False, True):
             kw = dict(model="tiny", messages=ASK, tools=TWO_TOOLS, temperature=0, max_tokens=24)
@@ -253,12 +243,80 @@ def test_tool_choice_required_and_named_return_that_call(server):
             chunks = list(client.chat.completions.create(tool_choice=choice, stream=True, **kw))
             calls = [tc for ch in chunks if ch.choices for tc in ch.choices[0].delta.tool_calls or []]
             assert [tc.function.name for tc in calls] == [name]
-            assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "tool_calls"
+            assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
     # "none": the tools are not offered and nothing is parsed as a call, even text that looks like one
     r = client.chat.completions.create(
         model="tiny", messages=ASK, tools=TWO_TOOLS, tool_choice="none", temperature=1, seed=3, max_tokens=24
     )
     assert not r.choices[0].message.tool_calls and r.choices[0].finish_reason != "tool_calls"
+
+
+def test_a_call_cut_by_max_tokens_is_length(server):
+    """After the forced prefill the tiny model writes newlines: its call never closes, so max_tokens always
+    cuts it. That is finish_reason "length" with the arguments as far as written (none), never a
+    complete-looking `{}` as "tool_calls", streamed or not; the call's stream has no `content: ""`."""
+    base, _, _ = server
+    client = openai.OpenAI(base_url=base, api_key="k3y", max_retries=0)
+    kw = dict(model="tiny", messages=ASK, tools=TWO_TOOLS, tool_choice="required", temperature=0)
+    for m in (3, 24):  # cut inside the prefill, and after it
+        cut = client.chat.completions.create(max_tokens=m, **kw).choices[0]
+        assert cut.finish_reason == "length" and cut.message.content is None
+        assert [tc.function.arguments for tc in cut.message.tool_calls] == [""]
+    chunks = list(client.chat.completions.create(max_tokens=24, stream=True, **kw))
+    assert [ch.choices[0].finish_reason for ch in chunks][-1] == "length"
+    assert all(ch.choices[0].delta.content is None for ch in chunks)  # no `content: ""` in a call's deltas
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [tc.function.arguments for ch in chunks for tc in ch.choices[0].delta.tool_calls or []] == [""]
+
+
+def test_requests_openai_refuses_get_its_400s(server):
+    base, _, _ = server
+    client = openai.OpenAI(base_url=base, api_key="k3y", max_retries=0)
+    calls = call_exchange("c1", "get_order_details", '{"order_id": "#W1"}', "{}")
+    for messages, param, says in (
+        ([*ASK, calls[1]], "messages.[1].role", "must be a response to a preceeding message"),
+        (
+            [*ASK, calls[0], {"role": "tool", "content": "{}"}],
+            "messages.[2].tool_call_id",
+            "Missing required",
+        ),
+        ([*ASK, calls[0], {**calls[1], "tool_call_id": "c9"}], "messages.[2].tool_call_id", "'c9' not found"),
+        ([*ASK, calls[0], *ASK], "messages.[1].role", "did not have response messages: c1"),
+        ([{"role": "user", "content": None}], "messages.[0].content", "expected a string, got null"),
+    ):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS, max_tokens=4)
+        assert e.value.body["param"] == param and says in e.value.body["message"], e.value.body
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model="tiny", messages=ASK, max_tokens=4, response_format={"type": "json_object"}
+        )
+    assert e.value.body["param"] == "response_format" and "not supported" in e.value.body["message"]
+    r = client.chat.completions.create(
+        model="tiny", messages=ASK, max_tokens=4, response_format={"type": "text"}
+    )
+    assert r.choices[0].finish_reason == "length"
+    status, doc = _http("POST", f"{base}/chat/completions", b'{"model": "tiny", "messages": [}', _KEY)
+    assert status == 400 and doc["error"]["param"] is None, doc
+    assert "could not parse the JSON body" in doc["error"]["message"]
+    assert "Expecting value (at character 31)" in doc["error"]["message"]
+
+
+def test_streams_as_openai_does(server):
+    """The usage chunk (empty choices) only with stream_options.include_usage; content as generated: the
+    tiny model's whitespace is content, not stripped, streamed or not."""
+    base, _, _ = server
+    client = openai.OpenAI(base_url=base, api_key="k3y", max_retries=0)
+    kw = dict(model="tiny", messages=ASK, temperature=0, max_tokens=6)
+    plain = list(client.chat.completions.create(stream=True, **kw))
+    assert all(ch.choices and ch.usage is None for ch in plain)
+    assert plain[0].choices[0].delta.content == ""  # not a tool stream: OpenAI's empty first content
+    counted = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    assert counted[-1].choices == [] and counted[-1].usage.completion_tokens == 6
+    assert all(ch.choices for ch in counted[:-1])
+    whole = client.chat.completions.create(**kw).choices[0].message.content
+    assert whole and not whole.strip()  # whitespace as generated
+    assert "".join(ch.choices[0].delta.content or "" for ch in plain) == whole
 
 
 def test_prompt_beyond_the_context_is_context_length_exceeded(server):
@@ -308,7 +366,13 @@ def test_tokens_stream_as_they_are_generated(server):
     t0 = time.monotonic()
     first = None
     stream = client.chat.completions.create(
-        model="tiny", messages=ASK, temperature=0.8, seed=1, max_tokens=600, stream=True
+        model="tiny",
+        messages=ASK,
+        temperature=0.8,
+        seed=1,
+        max_tokens=600,
+        stream=True,
+        stream_options={"include_usage": True},
     )
     n_content = 0
     for ch in stream:

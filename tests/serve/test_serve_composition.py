@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 
 import pytest
 from compose_helpers import composed_store, tiny  # noqa: E402, F401
+from serve_testing import call_exchange, free_port  # noqa: E402
 from trace_testing import BIN, run_cli  # noqa: E402
 
 from trace_cli.stages.base import execute  # noqa: E402
@@ -23,12 +23,6 @@ openai = pytest.importorskip("openai")
 
 NAME = "serve-router"
 MAX_TOKENS = 16
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +35,7 @@ def served_router(composed_store):
         st,
         name=NAME,
     ).main
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TRACE_NO_PROGRESS": "1"}
     cmd = [str(BIN / "trace"), "serve", f"store://composition/{NAME}", "--port", str(port)]
     cmd += ["--store", str(st.root), "--max-tokens", str(MAX_TOKENS)]
@@ -85,7 +79,7 @@ def _served(base, state):
 
 def _same(served_msg, direct_text: str, policy) -> None:
     """The served message is the direct turn parsed as the server parses every turn."""
-    from trace_cli.serve.engine import to_completion
+    from trace_cli.serve.completion import to_completion
 
     want = to_completion(
         direct_text, [], index=0, max_tokens=MAX_TOKENS, parse_tools=True, stop=[], eos_id=policy.eos,
@@ -117,25 +111,13 @@ def test_served_router_completion_and_route_equal_the_policy(served_router, tiny
             {"role": "assistant", "content": "Let me look into that."},
             {"role": "user", "content": "Also, what is the status of my order #W2000002?"},
         ],
-        [
-            {
-                "role": "assistant",
-                "content": "",
-                "tool_calls": [
-                    {
-                        "id": "call_9",
-                        "type": "function",
-                        "function": {"name": "get_order_details", "arguments": {"order_id": "#W2000002"}},
-                    }
-                ],
-            },
-            {
-                "role": "tool",
-                "tool_call_id": "call_9",
-                "name": "get_order_details",
-                "content": '{"order_id": "#W2000002", "status": "pending", "items": []}',
-            },
-        ],
+        call_exchange(
+            "call_9",
+            "get_order_details",
+            {"order_id": "#W2000002"},
+            '{"order_id": "#W2000002", "status": "pending", "items": []}',
+            name="get_order_details",
+        ),
     ]
     routes = []
     for step in range(3):

@@ -35,6 +35,18 @@ def tau2_command(name: str, host: str, port: int, api_key: str | None) -> str:
     )
 
 
+def _setting_option(key: str, kind):
+    """A command-line option for a setting of schemas/serve.v1.json: its default and help come from there."""
+    from trace_cli.config.schemas import load_schema
+
+    spec = load_schema("serve.v1.json")["properties"][key]
+    text = spec["description"]
+    flag = "--" + key.replace("_", "-")
+    return click.option(
+        flag, type=kind, default=spec["default"], show_default=True, help=f"{text[0].upper()}{text[1:]}."
+    )
+
+
 def served_name(ref: str) -> str:
     """The model id clients send: the artifact's name, a directory's name, or the reference itself."""
     if ref.startswith("store://"):
@@ -75,8 +87,22 @@ def served_name(ref: str) -> str:
 @click.option(
     "--max-batch", type=click.IntRange(1), default=32, show_default=True, help="Rows in the running batch."
 )
+@_setting_option("prefix_cache_mib", click.FloatRange(0))
+@_setting_option("prefill_chunk", click.IntRange(0))
 @store_option
-def serve(model_ref, host, port, api_key, model_name, max_tokens, batch_window_ms, max_batch, store_dir):
+def serve(
+    model_ref,
+    host,
+    port,
+    api_key,
+    model_name,
+    max_tokens,
+    batch_window_ms,
+    max_batch,
+    prefix_cache_mib,
+    prefill_chunk,
+    store_dir,
+):
     """Serve a model (store://model/NAME, store://adapter/NAME, store://composition/NAME, an HF dir) at
     /v1/chat/completions.
 
@@ -113,7 +139,14 @@ def serve(model_ref, host, port, api_key, model_name, max_tokens, batch_window_m
 
     name = model_name or served_name(model_ref)
     policy = load_policy(ref, temperature=0.0, max_new_tokens=max_tokens)
-    engine = Engine(policy, name, window_s=batch_window_ms / 1000, max_batch=max_batch)
+    engine = Engine(
+        policy,
+        name,
+        window_s=batch_window_ms / 1000,
+        max_batch=max_batch,
+        prefix_cache_mib=prefix_cache_mib,
+        prefill_chunk=prefill_chunk,
+    )
     app = create_app(engine, api_key=api_key, default_max_tokens=max_tokens)
     import logging
     import sys

@@ -7,6 +7,11 @@ cache joins the batch's, left-padded), then feeds every row its last token and s
 ends at a stop token, a `stop` string, `max_tokens`, or (under a forced tool call) when the call's arguments
 close. Every new token is reported to the request as its text so far, so responses stream as they are made.
 
+A prompt starts after the longest prefix of it the prefix cache holds (models.prefix_cache: keys/values of
+earlier prompts and completions, by blocks of tokens), and is prefilled `prefill_chunk` tokens at a time
+with a decode step of the running batch between two chunks: a long prompt holds the running streams up for
+one chunk at most, and a prefill whose client went away stops at the next chunk.
+
 A router composition re-merges its weights per routing decision, so its rows only share a batch with rows
 routed the same way: it routes waiting requests (on the base weights) when the batch is empty and runs one
 group at a time. A gated MoE with context gates keeps a running context per row, which follows the rows as
@@ -16,218 +21,26 @@ they join and leave (compose.moe.RoutingTrace.take_rows / join_rows).
 from __future__ import annotations
 
 import asyncio
-import json
 import queue
 import random
 import threading
-import uuid
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from trace_cli.models.chat import TOOL_CALL_RE, cut_at_end, parse_assistant, render, strip_text
-
-
-class RequestError(Exception):
-    """A request the server cannot take: HTTP 400 (or `status`) with an OpenAI-style error body."""
-
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None, status: int = 400):
-        super().__init__(message)
-        self.message, self.param, self.code, self.status = message, param, code, status
-
-
-def _text(content: Any, where: str) -> str | None:
-    """OpenAI content: a string, null, or a list of parts of which the text ones are kept."""
-    if content is None or isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for p in content:
-            if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
-                raise RequestError(f"{where}: only text content parts are supported", param=where)
-            parts.append(p["text"])
-        return "".join(parts)
-    raise RequestError(f"{where}: expected a string, null or a list of text parts", param=where)
-
-
-def to_internal(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Request messages -> the form eval keeps (tool-call arguments as objects), so the prompt a served model
-    sees is byte-identical to the one it sees in `trace eval`."""
-    out = []
-    for i, m in enumerate(messages):
-        role = "system" if m["role"] == "developer" else m["role"]
-        msg: dict[str, Any] = {"role": role, "content": _text(m.get("content"), f"messages[{i}].content")}
-        if role == "tool":
-            msg["tool_call_id"] = m.get("tool_call_id")
-        calls = m.get("tool_calls") or []
-        if calls:
-            norm = []
-            for k, tc in enumerate(calls):
-                fn = tc.get("function") or {}
-                args = fn.get("arguments", {})
-                if isinstance(args, str):
-                    try:
-                        args = json.loads(args) if args.strip() else {}
-                    except json.JSONDecodeError:
-                        pass  # rendered as the text it is
-                if not isinstance(fn.get("name"), str):
-                    raise RequestError(
-                        f"messages[{i}].tool_calls[{k}].function.name is required",
-                        param=f"messages[{i}].tool_calls",
-                    )
-                norm.append(
-                    {
-                        "id": tc.get("id"),
-                        "type": "function",
-                        "function": {"name": fn["name"], "arguments": args},
-                    }
-                )
-            msg["tool_calls"] = norm
-        out.append(msg)
-    return out
-
-
-def call_prefix(fmt: str, name: str, template: str | None = None) -> str:
-    """The start of a call to `name` in tool-call format `fmt`, up to the name's end: what a forced
-    `tool_choice` prefills (the model writes the arguments)."""
-    if fmt == "hermes":
-        return f'<tool_call>\n{{"name": "{name}"'
-    if fmt == "llama3-json":
-        return f'{{"name": "{name}"'
-    if fmt == "mistral":
-        return (
-            f"[TOOL_CALLS]{name}[ARGS]"
-            if "[ARGS]" in (template or "")
-            else f'[TOOL_CALLS][{{"name": "{name}"'
-        )
-    if fmt == "pythonic":
-        return f"[{name}("
-    raise ValueError(f"unknown tool-call format {fmt!r}")
-
-
-@dataclass
-class Completion:
-    index: int
-    content: str | None
-    tool_calls: list[dict[str, Any]]
-    finish_reason: str
-    completion_tokens: int
-
-
-def _call(name: str, arguments: Any) -> dict[str, Any]:
-    return {
-        "id": f"call_{uuid.uuid4().hex[:24]}",
-        "type": "function",
-        "function": {
-            "name": name,
-            "arguments": arguments
-            if isinstance(arguments, str)
-            else json.dumps(arguments, ensure_ascii=False),
-        },
-    }
-
-
-def forced_arguments(text: str, name: str) -> str:
-    """The arguments of a forced call to `name` whose text does not parse: the first JSON object after the
-    name (the model's own, as OpenAI returns arguments it does not validate), `{}` when there is none."""
-    body = strip_text(text)
-    at = body.find(name)
-    rest = body[at + len(name) :] if at >= 0 else body
-    dec = json.JSONDecoder()
-    for i, ch in enumerate(rest):
-        if ch == "{":
-            try:
-                obj, _ = dec.raw_decode(rest, i)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(obj, dict):
-                return json.dumps(obj.get("arguments", obj.get("parameters", obj)), ensure_ascii=False)
-    return "{}"
-
-
-def to_completion(
-    text: str,
-    ids: list[int],
-    *,
-    index: int,
-    max_tokens: int | None = None,
-    parse_tools: bool,
-    stop: list[str] | None = None,
-    eos_id: int | list[int] | None = None,
-    parse=None,
-    finish: str | None = None,
-    forced: list[str] | None = None,
-) -> Completion:
-    """A generated turn -> an OpenAI choice. Parsed as `trace eval` parses it: valid calls become `tool_calls`
-    (content = the text around them, null when there is none); a turn with a call that does not parse is
-    returned as its raw text, so a client that parses it (the eval loop does) sees the same malformed call.
-    Under a forced `tool_choice` (`forced`: the names allowed) the turn is a call whatever the model wrote.
-    `finish` is the engine's reason; without it, it is derived from the ids (stop token or length)."""
-    if finish is None:
-        stops = set(eos_id) if isinstance(eos_id, list) else {eos_id}
-        finish = "stop" if stops & set(ids) or len(ids) < (max_tokens or 0) else "length"
-    calls: list[dict[str, Any]] = []
-    # the model family's parser (HFPolicy.parse); Hermes `<tool_call>` by default
-    actions = (parse or parse_assistant)(text) if parse_tools else [{"content": strip_text(text)}]
-    named = [a for a in actions if "name" in a]
-    if forced and not (named and all(a["name"] in forced for a in named)):
-        # the prefill named the function; the model's arguments are taken as it wrote them
-        name = next((n for n in forced if n in text), forced[0])
-        return Completion(index, None, [_call(name, forced_arguments(text, name))], "tool_calls", len(ids))
-    if any("name" in a or "malformed" in a for a in actions):
-        if any("malformed" in a for a in actions):
-            content: str | None = cut_at_end(text)
-        else:
-            said = next((a["content"] for a in actions if "content" in a), None)
-            content = said if said is not None else TOOL_CALL_RE.sub("", strip_text(text)).strip()
-            calls = [_call(a["name"], a["arguments"]) for a in named]
-            finish = "tool_calls"
-            content = content or None  # OpenAI: a reply that is only tool calls has content null
-    else:
-        content = strip_text(text)
-    if stop and content and not calls:  # the engine ends generation at a stop string; this is for callers
-        cuts = [content.find(s) for s in stop if s and s in content]
-        if cuts:
-            content, finish = content[: min(cuts)], "stop"
-    return Completion(index, content, calls, finish, len(ids))
-
-
-@dataclass
-class Job:
-    """One choice of one request, from admission to its last token. The worker thread owns every field but
-    `cancelled`, which the request's side sets when its client goes away."""
-
-    prompt_ids: list[int]
-    max_tokens: int
-    # thread-safe: ("start", route) | ("text", text, n) | ("done", text, ids, finish) | ("error", exc)
-    emit: Callable[[tuple], None]
-    temperature: float = 0.0
-    top_p: float = 1.0
-    stop: list[str] = field(default_factory=list)
-    forced: list[list[int]] | None = None  # token sequences the completion must start with (one of them)
-    messages: list[dict[str, Any]] | None = None  # the conversation (a router routes on it)
-    seed: int | None = None
-    cancelled: bool = False
-    # worker state
-    ids: list[int] = field(default_factory=list)
-    text: str = ""
-    finish: str | None = None
-    key: tuple | None = None  # a router's decision (rows with equal keys share a batch)
-    route: dict[str, float] | None = None
-    close_json: bool = False  # forced call: end when the arguments' JSON object closes
-    _gen: Any = None
-    _forced_len: int = 0
-    _forced_done: bool = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
+from trace_cli.models.chat import render
+from trace_cli.models.prefix_cache import PrefixCache
+from trace_cli.serve.batch import Prefill, join, prefill_inputs, row_kv, select_rows
+from trace_cli.serve.completion import call_prefix, json_closed
+from trace_cli.serve.job import Job
+from trace_cli.serve.sampling import pick, sample
 
 
 class Engine:
     """A loaded HF policy (HFPolicy or a composition's policy) behind a continuous-batching decode loop."""
 
-    def __init__(self, policy, name: str, *, window_s: float = 0.0, max_batch: int = 32):
+    def __init__(
+        self, policy, name: str, *, window_s=0.0, max_batch=32, prefix_cache_mib=0.0, prefill_chunk=0
+    ):
         self.policy = policy
         self.name = name
         self.model = policy.model
@@ -245,6 +58,13 @@ class Engine:
         self.routes = hasattr(policy, "routes_for")
         routing = getattr(policy, "routing", None) or {}
         self._trace = routing.get("trace") if isinstance(routing, dict) else None
+        # keys/values depend on the tokens alone, unless a router re-merges weights or context gates keep state
+        exact = not (self.routes or self._trace is not None or self.sliding)
+        self.prefix = PrefixCache(int(prefix_cache_mib * 2**20)) if exact and prefix_cache_mib > 0 else None
+        # a prompt is prefilled `prefill_chunk` tokens at a time, a decode step of the running batch between
+        # two chunks (0: in one pass); a gate context or a sliding window is not followed across chunks
+        self.chunk = prefill_chunk if self._trace is None and not self.sliding else 0
+        self._pending: Prefill | None = None
         self._inbox: queue.Queue[Job] = queue.Queue()
         self._waiting: list[Job] = []
         self._prefilling = 0
@@ -257,6 +77,9 @@ class Engine:
         self.max_running = 0
         self.tokens = 0  # generated so far
         self.steps = 0
+        self.prefill_tokens = 0  # prompt tokens run through the model (not served from the prefix cache)
+        self.cached_tokens = 0  # prompt tokens served from the prefix cache
+        self.chunks = 0  # prefill passes
 
     # -- the request side (event loop) ---------------------------------------------------------------
 
@@ -295,12 +118,18 @@ class Engine:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 10)
 
     def stats(self) -> dict[str, int]:
+        """What the decode loop is doing now and has done (rows running, requests waiting, decode steps,
+        tokens generated, prompt tokens prefilled and served from the prefix cache)."""
         return {
             "running": len(self._rows) + self._prefilling,
             "waiting": len(self._waiting) + self._inbox.qsize(),
             "steps": self.steps,
             "tokens": self.tokens,
             "max_running": self.max_running,
+            "prefill_tokens": self.prefill_tokens,
+            "cached_tokens": self.cached_tokens,
+            "prefill_chunks": self.chunks,
+            "prefix_cache_bytes": self.prefix.bytes if self.prefix else 0,
         }
 
     def submit(self, job: Job) -> Job:
@@ -349,7 +178,9 @@ class Engine:
         with torch.inference_mode():
             while not self._stopping.is_set():
                 try:
-                    self._admit(block=not self._rows)
+                    self._admit(block=not self._rows and self._pending is None)
+                    if self._pending is not None:
+                        self._prefill_step()
                     if self._rows:
                         self._step()
                 except Exception as e:  # noqa: BLE001 - every running request gets the error (HTTP 500)
@@ -375,7 +206,7 @@ class Engine:
             self._keep([i for i, j in enumerate(self._rows) if not j.cancelled])
         self._pull(block)
         self._waiting = [j for j in self._waiting if not j.cancelled]
-        if not self._waiting or self._stopping.is_set():
+        if not self._waiting or self._stopping.is_set() or self._pending is not None:
             return
         if self.routes:
             if self._rows:
@@ -401,57 +232,84 @@ class Engine:
         for j in group:
             j.emit(("start", j.route))
         try:
-            self._prefill(group)
+            self._pending = self._prefill_inputs(group)
         except Exception as e:  # noqa: BLE001 - these requests fail (HTTP 500); the running batch goes on
-            for j in group:
-                j.emit(("error", e))
-        finally:
-            self._prefilling = 0
+            self._fail_prefill(group, e)
+
+    def _fail_prefill(self, group: list[Job], e: Exception) -> None:
+        for j in group:
+            j.emit(("error", e))
+        self._pending, self._prefilling = None, 0
 
     def _device(self):
         return next(self.model.parameters()).device
 
-    def _prefill(self, group: list[Job]) -> None:
-        """Run the new rows' prompts through the model together and join their cache to the batch's."""
-        import torch
-        from transformers import DynamicCache
+    def _prefill_inputs(self, group: list[Job]) -> Prefill:
+        """The new rows' inputs, each after the longest prefix of its prompt the prefix cache holds (all but
+        its last token at most: that one's logits are needed)."""
+        hits = [
+            self.prefix.match(j.prompt_ids, len(j.prompt_ids) - 1) if self.prefix else (0, None)
+            for j in group
+        ]
+        for j, (n, _) in zip(group, hits, strict=True):
+            j.cached = n
+        pre = prefill_inputs(
+            [j.prompt_ids for j in group], hits, self.policy._pad(), self.model.config, self._device()
+        )
+        pre.group = group
+        return pre
 
-        dev = self._device()
-        width = max(len(j.prompt_ids) for j in group)
-        pad = self.policy._pad()
-        ids = torch.full((len(group), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(group), width), dtype=torch.long)
-        for i, j in enumerate(group):
-            ids[i, width - len(j.prompt_ids) :] = torch.tensor(j.prompt_ids, dtype=torch.long)
-            mask[i, width - len(j.prompt_ids) :] = 1
-        ids, mask = ids.to(dev), mask.to(dev)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    def _prefill_step(self) -> None:
+        """One chunk of the pending prefill (all of it without chunking); the last one joins its rows to the
+        running batch. A prefill whose requests are all gone stops here, between two chunks."""
+        pre = self._pending
+        if all(j.cancelled for j in pre.group):
+            self._pending, self._prefilling = None, 0
+            return
+        a = pre.fed
+        b = pre.width if not self.chunk else min(pre.width, a + self.chunk)
         saved = self._trace.take_rows() if self._trace is not None else None
-        cache = DynamicCache(config=self.model.config)
         try:
             out = self.model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=pos,
-                past_key_values=cache,
+                input_ids=pre.ids[:, a:b],
+                attention_mask=pre.mask[:, : pre.wc + b],
+                position_ids=pre.pos[:, a:b],
+                past_key_values=pre.cache,
                 use_cache=True,
                 logits_to_keep=1,
             )
-        except Exception:
+        except Exception as e:  # noqa: BLE001 - these requests fail (HTTP 500); the running batch goes on
             if self._trace is not None:
                 self._trace.take_rows()
                 self._trace.state = dict(saved or {})  # the running rows keep their gate context
-            raise
-        logits = out.logits[:, -1]
-        cache = out.past_key_values
+            self._fail_prefill(pre.group, e)
+            return
+        pre.fed, pre.cache = b, out.past_key_values
+        self.chunks += 1
+        self.prefill_tokens += int(pre.mask[:, pre.wc + a : pre.wc + b].sum())
+        if b == pre.width:
+            self._pending, self._prefilling = None, 0
+            self._joined(pre, out.logits[:, -1], saved)
+
+    def _joined(self, pre: Prefill, logits, saved) -> None:
+        """The prefilled rows join the running batch (their prompts enter the prefix cache) and get their
+        first token."""
+        import torch
+
+        group, cache, mask = pre.group, pre.cache, pre.mask
+        for r, j in enumerate(group):
+            self.cached_tokens += j.cached
+            if self.prefix is not None:
+                self.prefix.insert(j.prompt_ids, row_kv(cache, mask, r, j.cached), j.cached)
         if self._rows:
-            self._cache, self._mask = _join(self._cache, self._mask, cache, mask)
+            self._cache, self._mask = join(self._cache, self._mask, cache, mask)
             if self._trace is not None:
                 self._trace.join_rows(saved)
         else:
             self._cache, self._mask = cache, mask
         self._rows = self._rows + group
         self.max_running = max(self.max_running, len(self._rows))
+        dev = self._device()
         for j in group:
             j.ids, j.text = [], ""
             if j.temperature > 0:
@@ -496,13 +354,13 @@ class Engine:
                     tok = nxt[0]
                 elif nxt:
                     row = logits[r, nxt]
-                    tok = nxt[_pick(row, j) if j.temperature > 0 else int(row.argmax())]
+                    tok = nxt[pick(row, j) if j.temperature > 0 else int(row.argmax())]
                 if not nxt or all(len(c) == k + 1 for c in live if c[k] == tok):
                     j._forced_done = True  # the model writes the rest (the arguments)
                     j.close_json = self._closes_json()
                     j._forced_len = k + 1 if nxt else k
             if not nxt and j.temperature > 0:
-                tok = _sample(logits[r], j, torch)
+                tok = sample(logits[r], j, torch)
             j.ids.append(tok)
             self.tokens += 1
             if tok in eos:
@@ -511,7 +369,7 @@ class Engine:
                 j.text = self.tok.decode(j.ids, skip_special_tokens=False)
                 if j.stop:
                     self._cut_stop(j)
-                if j.finish is None and j.close_json and k + 1 > j._forced_len and _json_closed(j.text):
+                if j.finish is None and j.close_json and k + 1 > j._forced_len and json_closed(j.text):
                     j.finish = "tool_calls"
             if j.finish is None and len(j.ids) >= j.max_tokens:
                 j.finish = "length"
@@ -519,6 +377,7 @@ class Engine:
                 j.emit(("text", j.text, len(j.ids)))
         done = [j for j in rows if j.finish is not None]
         if done:
+            self._remember(done)
             for j in done:
                 text = (
                     j.text
@@ -528,6 +387,16 @@ class Engine:
                 j.emit(("done", text, list(j.ids), j.finish))
             gone = {id(j) for j in done}
             self._keep([i for i, j in enumerate(self._rows) if id(j) not in gone])
+
+    def _remember(self, done: list[Job]) -> None:
+        """Finished rows' prompts and completions enter the prefix cache (a conversation's next turn starts
+        with them)."""
+        if self.prefix is None:
+            return
+        for j in done:
+            r = next(i for i, x in enumerate(self._rows) if x is j)
+            start = len(j.prompt_ids) // self.prefix.block * self.prefix.block
+            self.prefix.insert(j.prompt_ids + j.ids, row_kv(self._cache, self._mask, r, start), start)
 
     def _closes_json(self) -> bool:
         return self.tool_format in ("hermes", "llama3-json", "mistral")
@@ -540,8 +409,6 @@ class Engine:
 
     def _keep(self, keep: list[int]) -> None:
         """Keep only rows `keep` of the running batch (cache, mask, gate context), trimming all-pad columns."""
-        import torch
-
         if len(keep) == len(self._rows):
             return
         self._rows = [self._rows[i] for i in keep]
@@ -550,14 +417,7 @@ class Engine:
             if self._trace is not None:
                 self._trace.take_rows()
             return
-        idx = torch.tensor(keep, dtype=torch.long, device=self._mask.device)
-        mask = self._mask.index_select(0, idx)
-        real = mask.any(0).nonzero()
-        start = int(real[0]) if len(real) else 0
-        self._mask = mask[:, start:]
-        for layer in self._cache.layers:
-            layer.keys = layer.keys.index_select(0, idx.to(layer.keys.device))[:, :, start:]
-            layer.values = layer.values.index_select(0, idx.to(layer.values.device))[:, :, start:]
+        self._mask, idx = select_rows(self._cache, self._mask, keep)
         if self._trace is not None:
             self._trace.select_rows(idx)
 
@@ -566,60 +426,3 @@ def _has_sliding_layers(config) -> bool:
     get = getattr(config, "get_text_config", None)
     c = get() if callable(get) else config
     return any("sliding" in str(t) for t in getattr(c, "layer_types", None) or [])
-
-
-def _join(cache, mask, new_cache, new_mask):
-    """The running batch's cache and mask with new rows appended, both left-padded to the longer length."""
-    import torch
-    import torch.nn.functional as F
-
-    a, b = mask.shape[1], new_mask.shape[1]
-    width = max(a, b)
-    mask = torch.cat([F.pad(mask, (width - a, 0)), F.pad(new_mask, (width - b, 0))], 0)
-    for old, new in zip(cache.layers, new_cache.layers, strict=True):
-        old.keys = torch.cat(
-            [F.pad(old.keys, (0, 0, width - a, 0)), F.pad(new.keys, (0, 0, width - b, 0))], 0
-        )
-        old.values = torch.cat(
-            [F.pad(old.values, (0, 0, width - a, 0)), F.pad(new.values, (0, 0, width - b, 0))], 0
-        )
-    return cache, mask
-
-
-def _pick(row, job: Job) -> int:
-    import torch
-
-    probs = (row.float() / max(job.temperature, 1e-5)).softmax(-1)
-    return int(torch.multinomial(probs, 1, generator=job._gen))
-
-
-def _sample(row, job: Job, torch) -> int:
-    """Temperature and nucleus (top_p) sampling of one row with the job's own generator."""
-    probs = (row.float() / job.temperature).softmax(-1)
-    if job.top_p < 1.0:
-        p, order = probs.sort(descending=True)
-        keep = (p.cumsum(-1) - p) < job.top_p
-        probs = torch.zeros_like(probs).scatter(0, order[keep], p[keep])
-    return int(torch.multinomial(probs, 1, generator=job._gen))
-
-
-_DEC = json.JSONDecoder()
-
-
-def _json_closed(text: str) -> bool:
-    """Whether a forced call's arguments are complete: the JSON object after `"arguments":` (`"parameters":`,
-    `[ARGS]`) decodes and the call's own object is closed after it (or there is none to close: `[ARGS]`)."""
-    if not text.endswith("}"):
-        return False
-    at = max(text.rfind('"arguments":'), text.rfind('"parameters":'))
-    if at >= 0:
-        rest, tail = text[at:].split(":", 1)[1].lstrip(), "}"
-    elif "[ARGS]" in text:
-        rest, tail = text[text.rfind("[ARGS]") + 6 :].lstrip(), ""
-    else:
-        return False
-    try:
-        obj, end = _DEC.raw_decode(rest)
-    except json.JSONDecodeError:
-        return False
-    return isinstance(obj, dict) and rest[end:].strip() == tail
