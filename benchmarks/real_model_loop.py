@@ -12,6 +12,12 @@ and the acceptance: adapter success on its environment >= base + 0.10 (200 held-
     python benchmarks/real_model_loop.py --dry-run                         # the plan, checked against the schemas
     OMP_NUM_THREADS=1 python benchmarks/real_model_loop.py --demos 8 --shop-eval-seeds 4 --env-eval-seeds 4 \\
         --diag-rollouts 8 --cal-seeds 2 --cal-rollouts 4 --rollouts 16 --episodes-per-step 8   # smoke run
+    OMP_NUM_THREADS=1 nohup python benchmarks/real_model_loop.py --profile session &   # <= 150 min, 2 cores
+
+`--profile session` fits one working session: fewer demonstrations and shop seeds, the diagnosis reads the base
+evaluation's own rollouts (no separate diagnosis rollouts), a short calibration on the SFT model, 100 held-out
+seeds of its environment, and as many GRPO steps as fit in `--budget-min` (steps computed after calibration from
+the measured per-episode times, the remaining evaluations' time reserved first).
 """
 
 from __future__ import annotations
@@ -35,6 +41,25 @@ GOAL_DELTA = 0.10
 # per-episode cost on one thread of the shared 2-core CPU (measured: SFT 20 s/demonstration, eval ~30 s/episode
 # at batch 10 with KV reuse, GRPO ~18 cpu-s/episode after issue 26), for --dry-run's estimate
 EST_S = {"sft": 20.0, "eval": 30.0, "calibrate": 30.0, "grpo": 25.0}
+# one working session on the 2 cores (issue 33); any flag given on the command line still wins
+PROFILES: dict[str, dict[str, Any]] = {
+    "full": {},
+    "session": {
+        "demos": 48,
+        "shop_eval_seeds": 30,
+        "env_eval_seeds": 100,
+        "diag_rollouts": 0,
+        "cal_seeds": 8,
+        "cal_rollouts": 4,
+        "num_generations": 4,
+        "episodes_per_step": 8,
+        "rollouts": 400,
+        "eval_batch": 25,
+        "budget_min": 150.0,
+        "threads": 2,
+    },
+}
+GRPO_TRAIN_FACTOR = 1.6  # a GRPO episode costs its rollout (as calibration's) plus the backward pass
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -45,7 +70,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--env-eval-seeds", type=int, default=200, help="held-out seeds 0:N of the new environment"
     )
-    ap.add_argument("--diag-rollouts", type=int, default=100, help="shop rollouts the diagnosis reads")
+    ap.add_argument(
+        "--diag-rollouts",
+        type=int,
+        default=100,
+        help="shop rollouts the diagnosis reads (0: the base evaluation's own rollouts)",
+    )
     ap.add_argument("--cal-seeds", type=int, default=16, help="calibration: N seeds (groups)")
     ap.add_argument("--cal-rollouts", type=int, default=8, help="calibration: K rollouts per seed")
     ap.add_argument("--rollouts", type=int, default=256, help="GRPO training rollouts (at least)")
@@ -57,8 +87,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--eval-batch", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--source", default="smollm2-135m-instruct", help="the checkpoint `model` imports")
+    ap.add_argument(
+        "--budget-min",
+        type=float,
+        default=None,
+        help="wall-clock budget: GRPO takes as many steps (up to --rollouts) as fit after the evaluations",
+    )
+    ap.add_argument("--profile", choices=sorted(PROFILES), default="full", help="a preset of the sizes")
     ap.add_argument("--dry-run", action="store_true", help="print the plan (configs checked by the schemas)")
     ap.add_argument("--out", type=Path, default=RESULTS / "real_model_loop.json")
+    a = ap.parse_args(argv)
+    ap.set_defaults(**PROFILES[a.profile])
     a = ap.parse_args(argv)
     if a.episodes_per_step % a.num_generations:
         ap.error("--episodes-per-step must be a multiple of --num-generations")
@@ -75,15 +115,37 @@ def reuse_steps(calibration_episodes: int, per_step: int, steps: int) -> int:
     return min(steps, calibration_episodes // per_step)
 
 
+def budget_steps(a, elapsed_s: float, eval_s_per_episode: float, rollout_s_per_episode: float) -> int:
+    """GRPO steps for the run: all of --rollouts without a budget; else as many as fit in what the budget leaves
+    after the evaluations still to run (at the base evaluation's cost per episode), each fresh episode costing
+    a calibration episode times GRPO_TRAIN_FACTOR; never fewer than the reused steps + 1."""
+    most = grpo_steps(a.rollouts, a.episodes_per_step)
+    reused = reuse_steps(a.cal_seeds * a.cal_rollouts, a.episodes_per_step, most)
+    if a.budget_min is None:
+        return most
+    evals_s = (2 * a.env_eval_seeds + a.shop_eval_seeds) * eval_s_per_episode
+    left = a.budget_min * 60 - elapsed_s - evals_s
+    fresh = int(max(0.0, left) // (a.episodes_per_step * rollout_s_per_episode * GRPO_TRAIN_FACTOR))
+    return max(reused + 1, min(most, reused + fresh))
+
+
 def configs(
-    a, base: str, sft: str, diag_rollouts: str, diagnosis: str, cap: str, env: str
+    a, base: str, sft: str, diag_rollouts: str, diagnosis: str, cap: str, env: str, steps: int | None = None
 ) -> dict[str, dict]:
-    """Every stage config of the loop, given the artifacts' URIs (placeholders in --dry-run)."""
+    """Every stage config of the loop, given the artifacts' URIs (placeholders in --dry-run) and the GRPO steps
+    (default: enough for --rollouts). With --diag-rollouts 0 there is no diag_rollouts step."""
     ev = {"max_new_tokens": a.max_new_tokens, "batch_size": a.eval_batch, "max_turns": a.max_turns}
-    steps = grpo_steps(a.rollouts, a.episodes_per_step)
+    steps = grpo_steps(a.rollouts, a.episodes_per_step) if steps is None else steps
     cal = a.cal_seeds * a.cal_rollouts
+    plan = _configs(a, ev, steps, cal, base, sft, diag_rollouts, diagnosis, cap, env)
+    if not a.diag_rollouts:
+        del plan["diag_rollouts"]
+    return plan
+
+
+def _configs(a, ev, steps, cal, base, sft, diag_rollouts, diagnosis, cap, env) -> dict[str, dict]:
     return {
-        "import": {"source": "smollm2-135m-instruct"},
+        "import": {"source": a.source},
         "sft": {
             "method": "sft",
             "env": "shop",
@@ -219,6 +281,8 @@ def dry_run(a) -> int:
         "CAPABILITY",
         "store://environment/env",
     )
+    if a.budget_min is not None:
+        print(f"GRPO: up to {cfgs['grpo']['max_steps']} steps, as many as fit in {a.budget_min} min")
     schemas = stage_config_schemas()
     for label, cfg in cfgs.items():
         stage = STAGE_OF[label]
@@ -247,8 +311,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRACE_NO_PROGRESS", "1")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     stages = Stages(a.store)
+    from trace_cli.models import device
+
     res: dict[str, Any] = {
         "benchmark": "real_model_loop",
+        "profile": a.profile,
+        "device": str(device.resolve()),
         "command": command(),
         "commit": subprocess.run(
             ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True
@@ -277,17 +345,20 @@ def main(argv: list[str] | None = None) -> int:
 
     def save() -> None:
         res["total_s"] = round(time.monotonic() - t_all, 1)
+        res["stages_s"] = {k: v for k, v in stages.timings.items()}
         write_result(a.out, res)
 
-    base = step("import", {"source": "smollm2-135m-instruct"}, name="smollm2").main
+    base = step("import", {"source": a.source}, name="smollm2").main
     sft_cfg = configs(a, base.uri, "", "", "", "", "")["sft"]
     sft = step("sft", sft_cfg, name="smollm2-sft").main
     res["sft"] = sft.summary
     plan = configs(a, base.uri, sft.uri, "", "", "", "")
     evaluate("shop_eval_base", plan["shop_eval_base"])
     save()
-    ro = step("diag_rollouts", plan["diag_rollouts"]).outputs["rollouts"]
-    plan = configs(a, base.uri, sft.uri, ro.uri, "", "", "")
+    ro_uri = res["shop_eval_base"]["rollouts"]
+    if "diag_rollouts" in plan:
+        ro_uri = step("diag_rollouts", plan["diag_rollouts"]).outputs["rollouts"].uri
+    plan = configs(a, base.uri, sft.uri, ro_uri, "", "", "")
     diag = step("diagnose", plan["diagnose"]).outputs["diagnosis"]
     selected = list(diag.summary.get("selected") or [])
     res["selected"] = selected
@@ -297,13 +368,18 @@ def main(argv: list[str] | None = None) -> int:
         print(res["error"], file=sys.stderr)
         return 1
     cap = selected[0]
-    plan = configs(a, base.uri, sft.uri, ro.uri, diag.uri, cap, "")
+    plan = configs(a, base.uri, sft.uri, ro_uri, diag.uri, cap, "")
     env = step("synthesize", plan["synthesize"]).outputs["environment"]
     res["environment"] = {"uri": env.uri, "capability": cap, "calibration": env.summary.get("calibration")}
-    plan = configs(a, base.uri, sft.uri, ro.uri, diag.uri, cap, env.uri)
+    cal_episodes = a.cal_seeds * a.cal_rollouts
+    eval_s = res["shop_eval_base_s"] / max(1, res["shop_eval_base"]["episodes"])
+    steps = budget_steps(a, time.monotonic() - t_all, eval_s, res["synthesize_s"] / cal_episodes)
+    plan = configs(a, base.uri, sft.uri, ro_uri, diag.uri, cap, env.uri, steps=steps)
     save()
     adapter = step("grpo", plan["grpo"]).outputs["adapter"]
     res["grpo"] = adapter.summary
+    fresh = (steps - plan["grpo"]["reuse_calibration"]) * a.episodes_per_step
+    res["grpo_seconds_per_episode"] = round(res["grpo_s"] / fresh, 2) if fresh else None
     evaluate("env_eval_base", plan["env_eval_base"])
     evaluate("env_eval_adapter", {**plan["env_eval_adapter"], "model": adapter.uri})
     evaluate("shop_eval_adapter", {**plan["shop_eval_adapter"], "model": adapter.uri})
