@@ -59,6 +59,11 @@ PROFILES: dict[str, dict[str, Any]] = {
         "threads": 2,
     },
 }
+# --plumbing: any diagnosis selects, the first calibration level is admitted (tests run the whole flow in a minute)
+PLUMBING = {
+    "diagnose": {"delta_min": 0.01, "coverage_min": 0.01},
+    "calibration": {"band": [0.0, 1.0], "max_group_all0": 1.0, "max_group_all1": 1.0},
+}
 GRPO_TRAIN_FACTOR = 1.6  # a GRPO episode costs its rollout (as calibration's) plus the backward pass
 
 
@@ -94,6 +99,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="wall-clock budget: GRPO takes as many steps (up to --rollouts) as fit after the evaluations",
     )
+    ap.add_argument(
+        "--plumbing",
+        action="store_true",
+        help="loose diagnosis and calibration: checks the flow, measures nothing",
+    )
     ap.add_argument("--profile", choices=sorted(PROFILES), default="full", help="a preset of the sizes")
     ap.add_argument("--dry-run", action="store_true", help="print the plan (configs checked by the schemas)")
     ap.add_argument("--out", type=Path, default=RESULTS / "real_model_loop.json")
@@ -113,6 +123,10 @@ def grpo_steps(rollouts: int, per_step: int) -> int:
 def reuse_steps(calibration_episodes: int, per_step: int, steps: int) -> int:
     """First GRPO steps taken from the calibration's episodes (whole steps only, never more than the run)."""
     return min(steps, calibration_episodes // per_step)
+
+
+def _plumbing(a, stage: str) -> dict[str, Any]:
+    return PLUMBING[stage] if a.plumbing else {}
 
 
 def budget_steps(a, elapsed_s: float, eval_s_per_episode: float, rollout_s_per_episode: float) -> int:
@@ -166,7 +180,12 @@ def _configs(a, ev, steps, cal, base, sft, diag_rollouts, diagnosis, cap, env) -
             "seeds": f"{SHOP_DIAG}:{SHOP_DIAG + a.diag_rollouts}",
             **ev,
         },
-        "diagnose": {"rollouts": diag_rollouts, "analyst": "rules", "seed": a.seed},
+        "diagnose": {
+            "rollouts": diag_rollouts,
+            "analyst": "rules",
+            "seed": a.seed,
+            **_plumbing(a, "diagnose"),
+        },
         "synthesize": {
             "diagnosis": diagnosis,
             "capability": cap,
@@ -181,6 +200,7 @@ def _configs(a, ev, steps, cal, base, sft, diag_rollouts, diagnosis, cap, env) -
                 "max_new_tokens": a.max_new_tokens,
                 "max_completion_length": 1024,
                 "tokens": True,
+                **_plumbing(a, "calibration"),
             },
         },
         "grpo": {
@@ -239,9 +259,13 @@ STAGE_OF = {
 
 
 def estimate_s(a) -> dict[str, float]:
-    """Rough wall seconds per step on one thread of the shared CPU (EST_S per episode)."""
-    steps = grpo_steps(a.rollouts, a.episodes_per_step)
+    """Rough wall seconds per step on one thread of the shared CPU (EST_S per episode); with a budget, GRPO
+    gets the steps `budget_steps` would give it after the estimated earlier stages."""
     cal = a.cal_seeds * a.cal_rollouts
+    before = (a.demos * EST_S["sft"] + (a.shop_eval_seeds + a.diag_rollouts) * EST_S["eval"]) + cal * EST_S[
+        "calibrate"
+    ]
+    steps = budget_steps(a, before, EST_S["eval"], EST_S["grpo"] / GRPO_TRAIN_FACTOR)
     fresh = max(0, steps - reuse_steps(cal, a.episodes_per_step, steps)) * a.episodes_per_step
     return {
         "sft": a.demos * EST_S["sft"],

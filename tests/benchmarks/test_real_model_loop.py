@@ -3,9 +3,12 @@ acceptance from the four evaluations, and --dry-run (every stage config accepted
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -126,3 +129,34 @@ def test_session_dry_run_validates_its_configs(run_benchmark):
     ]
     assert labels == [k for k in rml.STAGE_OF if k != "diag_rollouts"]
     assert "as many as fit in 150.0 min" in proc.stdout
+
+
+@pytest.mark.slow
+def test_session_profile_runs_end_to_end_on_a_small_checkpoint(run_benchmark, tmp_path):
+    """The whole --profile session flow (diagnosis on the base eval, budgeted GRPO, the JSON's fields) on the
+    committed demo base agent with tiny sizes and --plumbing (checks the flow, not the result)."""
+    out = tmp_path / "r.json"
+    sizes = "--demos 3 --shop-eval-seeds 16 --env-eval-seeds 3 --cal-seeds 2 --cal-rollouts 2 --eval-batch 16"
+    args = f"--profile session {sizes} --budget-min 0.1 --max-new-tokens 48 --plumbing --threads 1".split()
+    src = [
+        "--source",
+        str(REPO / "examples" / "demo-base-agent"),
+        "--store",
+        str(tmp_path / "s"),
+        "--out",
+        str(out),
+    ]
+    proc = run_benchmark("real_model_loop.py", *args, *src, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["profile"] == "session" and doc["device"] == "cpu" and doc["commit"]
+    assert (
+        "diag_rollouts_s" not in doc
+        and doc["configs"]["diagnose"]["rollouts"] == doc["shop_eval_base"]["rollouts"]
+    )
+    assert (
+        doc["configs"]["grpo"]["max_steps"] == doc["configs"]["grpo"]["reuse_calibration"] + 1
+    )  # over budget
+    assert doc["grpo_seconds_per_episode"] > 0
+    assert set(doc["stages_s"]) == {k for k in rml.STAGE_OF if k != "diag_rollouts"}
+    assert doc["env_eval_base"]["episodes"] == 3 and "shop_pass@1_adapter" in doc["acceptance"]
