@@ -119,8 +119,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 class Run:
     """Stage runs in one store, each with its wall time, peak GPU memory and the summary numbers that matter."""
 
-    def __init__(self, store: Path, dev: Any):
-        self.stages, self.dev, self.rows = Stages(store), dev, {}
+    def __init__(self, store: Path, dev: Any, save=lambda: None):
+        self.stages, self.dev, self.rows, self.save = Stages(store), dev, {}, save
 
     def __call__(self, label: str, stage: str, cfg: dict[str, Any], name: str | None = None):
         import torch
@@ -135,6 +135,7 @@ class Run:
         summary = out.outputs["eval"].summary if stage == "eval" else out.main.summary
         row.update(_numbers(stage, cfg, summary, row["wall_s"]))
         self.rows[label] = row
+        self.save()  # after every stage: a run stopped at the device's time limit still leaves its numbers
         return out
 
 
@@ -313,15 +314,20 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine("torch", "transformers", "peft", "trl"),
         "sizes": z,
     }
-    run, t0 = Run(a.store, dev), time.monotonic()
+    t0 = time.monotonic()
+
+    def save() -> None:
+        res["stages"], res["total_s"] = run.rows, round(time.monotonic() - t0, 1)
+        write_result(a.out, res)
+
+    run = Run(a.store, dev, save)
     try:
         served = demo_chain(run, z, a.smoke)
         res["serve"] = serve_one(a.store, served["serve"])
         if not a.no_real:
             real_profile(run, z, real_source(a))
     finally:
-        res["stages"], res["total_s"] = run.rows, round(time.monotonic() - t0, 1)
-        write_result(a.out, res)
+        save()
         log(f"wrote {a.out}")
     cols = ["wall_s", "peak_mem_gib", "gen_tokens_per_s", "step_s", "pass@1"]
     print_table(["stage", *cols], [[k, *(r.get(c) for c in cols)] for k, r in run.rows.items()])
