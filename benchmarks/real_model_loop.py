@@ -38,9 +38,11 @@ SHOP_DIAG = 200000  # the diagnosis's own rollouts: shop seeds SHOP_DIAG:SHOP_DI
 ENV_TRAIN = 100000  # GRPO seeds of the synthesized environment (its calibration seeds lie in the same range)
 HELD_OUT = 0  # evaluation: seeds HELD_OUT:HELD_OUT+N of the shop and of the synthesized environment
 GOAL_DELTA = 0.10
-# per-episode cost on one thread of the shared 2-core CPU (measured: SFT 20 s/demonstration, eval ~30 s/episode
-# at batch 10 with KV reuse, GRPO ~18 cpu-s/episode after issue 26), for --dry-run's estimate
-EST_S = {"sft": 20.0, "eval": 30.0, "calibrate": 30.0, "grpo": 25.0}
+# per-episode cost on one thread (CPU seconds), for --dry-run's estimate. Measured: SFT 19.5 s/demonstration
+# (issue 33: 4 demonstrations, 78 CPU s); eval ~30 s/episode at batch 5-10 with KV reuse (issue 33: 11 generated
+# tokens per CPU s at batch 5; an SFT model's episode ~5.6 turns of ~53 tokens); calibration samples with GRPO's
+# own sampler, 11.4 s/episode, and GRPO 17.6 s/episode (benchmarks/train_bench.py --model smollm2, issue 26)
+EST_S = {"sft": 19.5, "eval": 30.0, "calibrate": 11.4, "grpo": 17.6}
 # one working session on the 2 cores (issue 33); any flag given on the command line still wins
 PROFILES: dict[str, dict[str, Any]] = {
     "full": {},
@@ -258,14 +260,20 @@ STAGE_OF = {
 }
 
 
+def estimated_steps(a) -> int:
+    """The GRPO steps `budget_steps` would give the run if every stage cost EST_S per episode."""
+    cal = a.cal_seeds * a.cal_rollouts
+    before = a.demos * EST_S["sft"] + (a.shop_eval_seeds + a.diag_rollouts) * EST_S["eval"]
+    return budget_steps(
+        a, before + cal * EST_S["calibrate"], EST_S["eval"], EST_S["grpo"] / GRPO_TRAIN_FACTOR
+    )
+
+
 def estimate_s(a) -> dict[str, float]:
     """Rough wall seconds per step on one thread of the shared CPU (EST_S per episode); with a budget, GRPO
     gets the steps `budget_steps` would give it after the estimated earlier stages."""
     cal = a.cal_seeds * a.cal_rollouts
-    before = (a.demos * EST_S["sft"] + (a.shop_eval_seeds + a.diag_rollouts) * EST_S["eval"]) + cal * EST_S[
-        "calibrate"
-    ]
-    steps = budget_steps(a, before, EST_S["eval"], EST_S["grpo"] / GRPO_TRAIN_FACTOR)
+    steps = estimated_steps(a)
     fresh = max(0, steps - reuse_steps(cal, a.episodes_per_step, steps)) * a.episodes_per_step
     return {
         "sft": a.demos * EST_S["sft"],
@@ -320,8 +328,11 @@ def dry_run(a) -> int:
     print(
         "\nestimate (one thread, shared CPU): "
         + ", ".join(f"{k} {v / 3600:.1f} h" for k, v in est.items())
-        + f"; total {total / 3600:.1f} h"
+        + f"; total {total / 3600:.1f} h ({total / 60:.0f} min)"
     )
+    steps = estimated_steps(a)
+    reused = reuse_steps(a.cal_seeds * a.cal_rollouts, a.episodes_per_step, steps)
+    print(f"GRPO: {steps} steps of {a.episodes_per_step} episodes, {reused} of them from the calibration")
     return 0
 
 

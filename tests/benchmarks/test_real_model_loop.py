@@ -75,7 +75,9 @@ def test_dry_run_validates_every_stage_config():
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     labels = [
-        line.split()[0] for line in proc.stdout.splitlines() if line and not line.startswith("estimate")
+        line.split()[0]
+        for line in proc.stdout.splitlines()
+        if line and not line.startswith(("estimate", "GRPO"))
     ]
     assert labels == list(rml.STAGE_OF)
     assert "total" in proc.stdout
@@ -129,6 +131,7 @@ def test_session_dry_run_validates_its_configs(run_benchmark):
     ]
     assert labels == [k for k in rml.STAGE_OF if k != "diag_rollouts"]
     assert "as many as fit in 150.0 min" in proc.stdout
+    assert "4 of them from the calibration" in proc.stdout  # 8 seeds x 4 rollouts = 4 steps of 8 episodes
 
 
 @pytest.mark.slow
