@@ -23,6 +23,7 @@ the measured per-episode times, the remaining evaluations' time reserved first).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import subprocess
@@ -58,7 +59,8 @@ PROFILES: dict[str, dict[str, Any]] = {
         "rollouts": 400,
         "eval_batch": 25,
         "budget_min": 150.0,
-        "threads": 2,
+        "threads": 1,
+        "parallel_evals": True,
     },
 }
 # --plumbing: any diagnosis selects, the first calibration level is admitted (tests run the whole flow in a minute)
@@ -102,6 +104,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="wall-clock budget: GRPO takes as many steps (up to --rollouts) as fit after the evaluations",
     )
     ap.add_argument(
+        "--parallel-evals",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="use the second core: the base's environment eval runs beside GRPO, the adapter's shop eval beside "
+        "its environment eval (each a `trace eval` process on one thread)",
+    )
+    ap.add_argument(
         "--plumbing",
         action="store_true",
         help="loose diagnosis and calibration: checks the flow, measures nothing",
@@ -131,6 +140,15 @@ def _plumbing(a, stage: str) -> dict[str, Any]:
     return PLUMBING[stage] if a.plumbing else {}
 
 
+def evals_after_grpo(a) -> int:
+    """Evaluation episodes on the critical path after GRPO starts: all three evaluations one after the other, or
+    with --parallel-evals only the adapter's environment eval (the base's runs beside GRPO, the adapter's shop
+    eval beside the environment one)."""
+    if a.parallel_evals:
+        return max(a.env_eval_seeds, a.shop_eval_seeds)
+    return 2 * a.env_eval_seeds + a.shop_eval_seeds
+
+
 def budget_steps(a, elapsed_s: float, eval_s_per_episode: float, rollout_s_per_episode: float) -> int:
     """GRPO steps for the run: all of --rollouts without a budget; else as many as fit in what the budget leaves
     after the evaluations still to run (at the base evaluation's cost per episode), each fresh episode costing
@@ -139,7 +157,7 @@ def budget_steps(a, elapsed_s: float, eval_s_per_episode: float, rollout_s_per_e
     reused = reuse_steps(a.cal_seeds * a.cal_rollouts, a.episodes_per_step, most)
     if a.budget_min is None:
         return most
-    evals_s = (2 * a.env_eval_seeds + a.shop_eval_seeds) * eval_s_per_episode
+    evals_s = evals_after_grpo(a) * eval_s_per_episode
     left = a.budget_min * 60 - elapsed_s - evals_s
     fresh = int(max(0.0, left) // (a.episodes_per_step * rollout_s_per_episode * GRPO_TRAIN_FACTOR))
     return max(reused + 1, min(most, reused + fresh))
@@ -275,11 +293,17 @@ def estimate_s(a) -> dict[str, float]:
     cal = a.cal_seeds * a.cal_rollouts
     steps = estimated_steps(a)
     fresh = max(0, steps - reuse_steps(cal, a.episodes_per_step, steps)) * a.episodes_per_step
+    grpo_s = fresh * EST_S["grpo"]
+    beside = (
+        max(0.0, a.env_eval_seeds * EST_S["eval"] - grpo_s)
+        if a.parallel_evals
+        else a.env_eval_seeds * EST_S["eval"]
+    )
     return {
         "sft": a.demos * EST_S["sft"],
-        "evals": (2 * a.shop_eval_seeds + 2 * a.env_eval_seeds + a.diag_rollouts) * EST_S["eval"],
+        "evals": (a.shop_eval_seeds + a.diag_rollouts + evals_after_grpo(a)) * EST_S["eval"] + beside,
         "calibration": cal * EST_S["calibrate"],
-        "grpo": fresh * EST_S["grpo"],
+        "grpo": grpo_s,
     }
 
 
@@ -334,6 +358,37 @@ def dry_run(a) -> int:
     reused = reuse_steps(a.cal_seeds * a.cal_rollouts, a.episodes_per_step, steps)
     print(f"GRPO: {steps} steps of {a.episodes_per_step} episodes, {reused} of them from the calibration")
     return 0
+
+
+class Beside:
+    """One `trace eval` at a time in a child process on one thread (the second core), recorded in `res` and the
+    stage timings as an in-process evaluation would be."""
+
+    def __init__(self, a, stages: Stages, res: dict[str, Any]):
+        self.a, self.stages, self.res = a, stages, res
+
+    def start(self, label: str, cfg: dict[str, Any]) -> None:
+        import yaml
+
+        self.label, self.t0 = label, time.monotonic()
+        self.res["configs"][label] = cfg
+        conf = self.a.store.parent / f"{label}.yaml"
+        conf.parent.mkdir(parents=True, exist_ok=True)
+        conf.write_text(yaml.safe_dump({"kind": "eval", **cfg}))
+        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+        cmd = [sys.executable, "-m", "trace_cli", "eval", "--config", str(conf), "--store", str(self.a.store)]
+        print(f"{label}: trace eval beside the next step ({cfg})", file=sys.stderr, flush=True)
+        self.proc = subprocess.Popen([*cmd, "--json"], stdout=subprocess.PIPE, text=True, env=env)
+
+    def finish(self) -> None:
+        out, _ = self.proc.communicate()
+        if self.proc.returncode:
+            raise SystemExit(f"{self.label}: trace eval exited {self.proc.returncode}")
+        doc, wall = json.loads(out), round(time.monotonic() - self.t0, 1)
+        self.stages.timings[self.label] = self.res[f"{self.label}_s"] = wall
+        s = doc["summary"]
+        self.res[self.label] = {"pass@1": s["pass@1"], "episodes": s["episodes"], "rollouts": doc["rollouts"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -411,13 +466,24 @@ def main(argv: list[str] | None = None) -> int:
     steps = budget_steps(a, time.monotonic() - t_all, eval_s, res["synthesize_s"] / cal_episodes)
     plan = configs(a, base.uri, sft.uri, ro_uri, diag.uri, cap, env.uri, steps=steps)
     save()
+    beside = Beside(a, stages, res) if a.parallel_evals else None
+    if beside:
+        beside.start("env_eval_base", plan["env_eval_base"])
     adapter = step("grpo", plan["grpo"]).outputs["adapter"]
     res["grpo"] = adapter.summary
     fresh = (steps - plan["grpo"]["reuse_calibration"]) * a.episodes_per_step
     res["grpo_seconds_per_episode"] = round(res["grpo_s"] / fresh, 2) if fresh else None
-    evaluate("env_eval_base", plan["env_eval_base"])
+    shop_adapter = {**plan["shop_eval_adapter"], "model": adapter.uri}
+    if beside:
+        beside.finish()
+        beside.start("shop_eval_adapter", shop_adapter)
+    else:
+        evaluate("env_eval_base", plan["env_eval_base"])
     evaluate("env_eval_adapter", {**plan["env_eval_adapter"], "model": adapter.uri})
-    evaluate("shop_eval_adapter", {**plan["shop_eval_adapter"], "model": adapter.uri})
+    if beside:
+        beside.finish()
+    else:
+        evaluate("shop_eval_adapter", shop_adapter)
     res["acceptance"] = summarize(res)
     save()
     acc = res["acceptance"]

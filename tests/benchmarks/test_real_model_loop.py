@@ -114,10 +114,14 @@ def test_budget_steps_fit_what_the_evaluations_leave():
     a = rml.parse_args(["--profile", "session"])  # 150 min; 8 episodes a step; 32 calibration episodes
     most = rml.grpo_steps(a.rollouts, a.episodes_per_step)
     reused = rml.reuse_steps(a.cal_seeds * a.cal_rollouts, a.episodes_per_step, most)
-    evals = (2 * a.env_eval_seeds + a.shop_eval_seeds) * 10.0
+    assert (
+        rml.evals_after_grpo(a) == 100
+    )  # the base's env eval runs beside GRPO, the shop eval beside the env one
+    assert rml.evals_after_grpo(rml.parse_args(["--profile", "session", "--no-parallel-evals"])) == 230
+    evals = rml.evals_after_grpo(a) * 10.0
     per_step = a.episodes_per_step * 5.0 * rml.GRPO_TRAIN_FACTOR
-    left = 9000 - 5000 - evals
-    assert rml.budget_steps(a, 5000, 10.0, 5.0) == reused + int(left // per_step) < most
+    left = 9000 - 7000 - evals
+    assert rml.budget_steps(a, 7000, 10.0, 5.0) == reused + int(left // per_step) < most
     assert rml.budget_steps(a, 9000, 10.0, 5.0) == reused + 1  # over budget: the reused steps and one more
     assert rml.budget_steps(a, 0, 0.0, 0.001) == most  # never more than --rollouts asks for
     assert rml.budget_steps(rml.parse_args([]), 10**6, 10.0, 5.0) == rml.grpo_steps(256, 16)  # no budget
