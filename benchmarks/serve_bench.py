@@ -15,7 +15,11 @@
    (its default) and one without (--prefix-cache-mib 0): prompt tokens prefilled per turn (usage
    prompt_tokens - prompt_tokens_details.cached_tokens), turn latency, and whether every reply is the same
    (goal, issue 34: >= 5x fewer prefill tokens per turn, >= 3x lower turn latency, same replies).
-6. Writes JSON with machine info to a new file in benchmarks/results/ (never the committed results) unless
+6. Long prefill (`long_prefill`): while a stream decodes, a 6,000-token prompt arrives; the longest gap between
+   the stream's chunks during its prefill, and the seconds until the server is idle after a client that
+   disconnects during its prefill, with chunked prefill (the default) and in one pass (--prefill-chunk 0)
+   (goal, issue 34: no gap over 1 s, idle within 1 s).
+7. Writes JSON with machine info to a new file in benchmarks/results/ (never the committed results) unless
    --out names one.
 
     python benchmarks/serve_bench.py                 # 48 requests per level, max_tokens 64
@@ -237,6 +241,82 @@ def tau2_like(store: Path, args) -> dict:
     }  # fmt: skip
 
 
+def _stats(base: str) -> dict:
+    import json
+    import urllib.request
+
+    key = os.environ.get("TRACE_SERVE_API_KEY")
+    req = urllib.request.Request(
+        base.rsplit("/v1", 1)[0] + "/stats", headers={"Authorization": f"Bearer {key}"} if key else {}
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def stall_and_cancel(client, base: str, long_prompt: str) -> dict:
+    """While a stream decodes, a long prompt arrives: the longest gap between the stream's chunks during that
+    prefill. Then the same prompt (another opening, nothing cached) is sent streaming and closed at its first
+    chunk, during its prefill: seconds until the server runs nothing."""
+    import threading
+
+    short = [{"role": "user", "content": "Where is my order?"}]
+    stream = client.chat.completions.create(
+        model=MODEL, messages=short, temperature=0, max_tokens=4000, stream=True
+    )
+    it, times, stop = iter(stream), [], threading.Event()
+    next(it)
+
+    def read() -> None:
+        for _ in it:
+            times.append(time.monotonic())
+            if stop.is_set():
+                return
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "A " + long_prompt}], temperature=0, max_tokens=1
+    )
+    t1 = time.monotonic()
+    stop.set()
+    reader.join()
+    stream.close()
+    during = [b - a for a, b in zip(times, times[1:], strict=False) if b >= t0 and a <= t1]
+    gone = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "B " + long_prompt}], max_tokens=4, stream=True
+    )
+    next(iter(gone))
+    gone.close()
+    t = time.monotonic()
+    while _stats(base)["running"] and time.monotonic() - t < 600:
+        time.sleep(0.01)
+    return {
+        "prompt_tokens": r.usage.prompt_tokens,
+        "prefill_s": round(t1 - t0, 2),
+        "max_stream_gap_s": round(max(during), 3) if during else None,
+        "stream_chunks_during_prefill": len(during),
+        "freed_after_disconnect_s": round(time.monotonic() - t, 3),
+    }
+
+
+def prefill_workload(store: Path, args) -> dict:
+    """`stall_and_cancel` with a 6,000-token prompt, prefilled in chunks (the server's default) and in one
+    pass (--prefill-chunk 0); the prefix cache off in both."""
+    from transformers import AutoTokenizer
+
+    model_dir = long_context_copy(store)
+    long_prompt = _shared_prefix(AutoTokenizer.from_pretrained(model_dir), 6000)
+    out = {}
+    for label, extra in (("chunked", ()), ("one_pass", ("--prefill-chunk", "0"))):
+        with served(store, "--prefix-cache-mib", "0", *extra, ref=str(model_dir)) as (client, base):
+            out[label] = stall_and_cancel(client, base, long_prompt)
+            log(f"{label}: {out[label]}")
+    out["goal"] = {"max_stream_gap_s": 1.0, "freed_after_disconnect_s": 1.0}
+    return out
+
+
 def _on_sigterm(signum, frame) -> None:
     raise SystemExit(128 + signum)  # unwinds through `served`, which stops the server
 
@@ -250,7 +330,7 @@ def _args() -> argparse.Namespace:
         ("--levels", {"default": "1,4,16"}),
         ("--store", {"help": "Reuse this store (builds store://model/bench-small if absent)."}),
         ("--out", {"help": "Result file (default: a new benchmarks/results/serve_bench-TIME.json)."}),
-        ("--workload", {"choices": ["all", "throughput", "tau2"], "default": "all"}),
+        ("--workload", {"choices": ["all", "throughput", "tau2", "prefill"], "default": "all"}),
         ("--conversations", {"type": int, "default": 8}),
         ("--turns", {"type": int, "default": 4}),
         (
@@ -277,6 +357,7 @@ def main() -> int:
         with served(store) as (client, _):
             rows = throughput(client, n_req, levels, args.max_tokens)
         print_table(list(rows[0]), [list(r.values()) for r in rows])
+    prefill = prefill_workload(store, args) if args.workload in ("all", "prefill") else None
     if args.workload in ("all", "tau2"):
         tau2 = tau2_like(store, args)
         print_table(
@@ -297,6 +378,7 @@ def main() -> int:
         "rows": rows,
         "goal": {"concurrency": 16, "x_concurrency_1": 3.0},
         "prefix_cache_speedup": tau2,
+        "long_prefill": prefill,
         "machine": machine("torch", torch_threads=torch.get_num_threads(), cuda=torch.cuda.is_available(),
                            OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS")),
     }  # fmt: skip

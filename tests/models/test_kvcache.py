@@ -81,3 +81,41 @@ def test_cache_is_dropped_with_the_episode(noisy):
     model, tok = noisy
     eps = _episodes(HFPolicy(model, tok, max_new_tokens=8))
     assert all(not hasattr(e, "kv") for e in eps)
+
+
+def test_a_prefix_cache_shared_by_episodes_gives_the_same_episodes_and_feeds_less(noisy):
+    """With a prefix cache, an episode's first turn starts from what earlier episodes prefilled of the same
+    prompt (the shop's system prompt and tools): the same greedy episodes, fewer tokens fed."""
+    from trace_cli.agents.hf import HFPolicy
+    from trace_cli.agents.token_history import TokenPolicy
+    from trace_cli.models.prefix_cache import PrefixCache
+
+    model, tok = noisy
+    widths, restore = _fed_widths(model)
+    try:
+        plain = _episodes(HFPolicy(model, tok, max_new_tokens=12))
+        fed_plain = sum(w for w in widths if w > 1)
+        widths.clear()
+        pc = PrefixCache(64 << 20)
+        cached = _episodes(HFPolicy(model, tok, max_new_tokens=12, prefix_cache=pc))
+        fed_cached = sum(w for w in widths if w > 1)
+    finally:
+        restore()
+    assert [e.messages for e in cached] == [e.messages for e in plain]
+    # the padded width of a batch is its longest row's: a fresh episode beside cached ones still widens it
+    assert pc.hit_tokens >= 5 * pc.block and fed_cached < fed_plain * 0.9, (
+        pc.hit_tokens,
+        fed_cached,
+        fed_plain,
+    )
+
+    def turns(prefix):
+        pol = TokenPolicy(model, tok, temperature=0.0, max_new_tokens=12, budget=400, prefix_cache=prefix)
+        return [
+            [(t["prompt_ids"], t["completion_ids"]) for t in e.turns] for e in _episodes(pol, batch_size=2)
+        ]
+
+    pc = PrefixCache(64 << 20)
+    assert turns(pc) == turns(None) and pc.hit_tokens > 0
+    pc.clear()
+    assert len(pc) == 0 and pc.bytes == 0

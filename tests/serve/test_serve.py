@@ -46,7 +46,7 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("serve-log") / "stderr.txt"
     proc = subprocess.Popen(
         [str(BIN / "trace"), "serve", "store://model/tiny", "--port", str(port), "--store", str(store)]
-        + ["--api-key", "k3y", "--max-tokens", "48"],
+        + ["--api-key", "k3y", "--max-tokens", "48", "--prefill-chunk", "16"],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=log.open("w"),  # a file: a pipe nobody reads would fill with the per-request log lines
@@ -435,6 +435,58 @@ def test_concurrent_requests_share_the_running_batch(server):
     stream.close()
     assert stats["running"] == 1 and stats["max_running"] >= 2  # it joined; the long one still runs
     assert got == alone
+
+
+def _stats(base: str) -> dict:
+    return _http("GET", f"{base.rsplit('/v1', 1)[0]}/stats", headers=_KEY)[1]
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_between_decode_steps(server):
+    """A 3,000-token prompt that arrives while a stream decodes is prefilled 16 tokens a pass (the server's
+    --prefill-chunk) with a decode step of the stream between two passes: it holds the stream up for one
+    chunk at most, never for its whole prefill."""
+    base, _, _ = server
+    client = openai.OpenAI(base_url=base, api_key="k3y", max_retries=0)
+    stream = client.chat.completions.create(
+        model="tiny", messages=ASK, temperature=0, max_tokens=3000, stream=True
+    )
+    next(iter(stream))  # the stream is decoding
+    before = _stats(base)
+    r = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Hi " + "order " * 3000}],
+        temperature=0,
+        max_tokens=2,
+    )
+    after = _stats(base)
+    stream.close()
+    fed = r.usage.prompt_tokens - r.usage.prompt_tokens_details.cached_tokens
+    chunks = after["prefill_chunks"] - before["prefill_chunks"]
+    assert fed > 2500 and chunks == -(-fed // 16), (fed, before, after)
+    assert after["steps_in_prefill"] - before["steps_in_prefill"] >= chunks - 1, (before, after)
+
+
+def test_a_client_gone_during_prefill_stops_it_between_chunks(server):
+    """A stream closed while its long prompt is being prefilled stops the prefill at the next chunk: the
+    server runs nothing within 1 s, and most of the prompt was never fed."""
+    base, _, _ = server
+    client = openai.OpenAI(base_url=base, api_key="k3y", max_retries=0)
+    before = _stats(base)
+    stream = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Bye " + "order " * 3000}],
+        max_tokens=4,
+        stream=True,
+    )
+    next(iter(stream))  # the role chunk: admitted, prefilling
+    stream.close()
+    t = time.monotonic()
+    while _stats(base)["running"]:
+        assert time.monotonic() - t < 1.0, "the prefill went on after the client disconnected"
+        time.sleep(0.02)
+    after = _stats(base)
+    assert after["prefills_cancelled"] == before["prefills_cancelled"] + 1
+    assert after["prefill_tokens"] - before["prefill_tokens"] < 1500, (before, after)
 
 
 def test_ctrl_c_shuts_down_cleanly(server):

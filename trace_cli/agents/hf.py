@@ -17,7 +17,8 @@ class HFPolicy:
     Prompts are rendered with the model's own template (models.chat.template_for), generation stops at every
     stop token of the tokenizer and generation config, and tool calls are parsed by the model family's parser
     (`tool_format`). In the rollout loop each episode keeps its KV cache across turns (models.kvcache), so a
-    turn feeds only the tokens added since the last one. A prompt that no longer fits the model's context
+    turn feeds only the tokens added since the last one; with a `prefix_cache` an episode's first turn
+    starts from what earlier episodes prefilled of the same prompt. A prompt that no longer fits the model's context
     with `max_new_tokens` ends its episode (termination `max_length`) instead of being cut."""
 
     model: Any
@@ -33,6 +34,8 @@ class HFPolicy:
     tool_format: str | None = None  # the model family's tool-call parser; detected from the template if None
     max_context: int | None = None
     reuse_cache: bool = True
+    # a models.prefix_cache.PrefixCache shared by all episodes (the system prompt and tools prefilled once)
+    prefix_cache: Any = None
 
     def __post_init__(self) -> None:
         from trace_cli.models.chat import eos_ids
@@ -99,6 +102,7 @@ class HFPolicy:
                 [getattr(states[i], "kv", None) for i, _ in live],
                 self._pad(),
                 self.eos,
+                prefix=self.prefix_cache,
                 **kw,
             )
             for (i, ctx), ids, kv in zip(live, comps, caches, strict=True):

@@ -65,6 +65,8 @@ class TokenPolicy:
     seed: int = 0
     generate_fn: Callable[[list[list[int]], int], tuple[list[list[int]], list | None]] | None = None
     reuse_cache: bool = True
+    # a models.prefix_cache.PrefixCache for the current weights (clear it after each optimizer step)
+    prefix_cache: Any = None
     name: ClassVar[str] = "grpo"
 
     def __post_init__(self):
@@ -146,7 +148,13 @@ class TokenPolicy:
             gc = self._generation_config(max_new)
             pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.eos_id
             comps, caches = generate_reusing(
-                self.model, ctxs, [s.kv for s in states], pad, self.eos_ids, generation_config=gc
+                self.model,
+                ctxs,
+                [s.kv for s in states],
+                pad,
+                self.eos_ids,
+                prefix=self.prefix_cache,
+                generation_config=gc,
             )
             for s, kv in zip(states, caches, strict=True):
                 s.kv = kv

@@ -152,15 +152,22 @@ def generate_reusing(
     caches: list[EpisodeKV | None],
     pad_id: int,
     eos: list[int],
+    *,
+    prefix: Any = None,
     **gen_kwargs: Any,
 ) -> tuple[list[list[int]], list[EpisodeKV]]:
     """One batched `generate` over token contexts, reusing each row's cached prefix.
 
     Returns the completion per row (cut after its first stop token) and each row's new EpisodeKV (covering
-    its context and completion, except the last generated token, which was never fed back)."""
+    its context and completion, except the last generated token, which was never fed back). With `prefix`
+    (a models.prefix_cache.PrefixCache for these weights), a row with nothing of its own cached starts
+    from the longest prefix of its context that earlier episodes left there (the system prompt and tool
+    schemas every episode shares), and every row's context and completion go into it."""
     import torch
 
     device = next(model.parameters()).device
+    if prefix is not None:
+        caches = [_from_prefix(prefix, c, kv) for c, kv in zip(ctxs, caches, strict=True)]
     caches = _prefill_shared(model, ctxs, caches, device)
     reuse = []
     for c, kv in zip(ctxs, caches, strict=True):
@@ -228,4 +235,14 @@ def generate_reusing(
             )
         )
         comps.append(comp)
+    for kv in new_caches if prefix is not None else ():
+        prefix.insert(kv.tokens, kv.layers)
     return comps, new_caches
+
+
+def _from_prefix(prefix, ctx: list[int], kv: EpisodeKV | None) -> EpisodeKV | None:
+    """The row's own cache, or when it shares nothing with the context, what the prefix cache holds."""
+    if kv is not None and _lcp(kv.tokens, ctx) > 0:
+        return kv
+    n, layers = prefix.match(ctx, len(ctx) - 1)
+    return EpisodeKV(list(ctx[:n]), layers) if n else kv

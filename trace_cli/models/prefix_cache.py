@@ -110,5 +110,10 @@ class PrefixCache:
             self.bytes -= blk.nbytes
             self.evicted += 1
 
+    def clear(self) -> None:
+        """Forget every block (the weights changed: a GRPO optimizer step, a re-merge)."""
+        self._blocks.clear()
+        self.bytes = 0
+
     def stats(self) -> dict[str, int]:
         return {"blocks": len(self._blocks), "bytes": self.bytes, "hit_tokens": self.hit_tokens}

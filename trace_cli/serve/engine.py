@@ -80,6 +80,8 @@ class Engine:
         self.prefill_tokens = 0  # prompt tokens run through the model (not served from the prefix cache)
         self.cached_tokens = 0  # prompt tokens served from the prefix cache
         self.chunks = 0  # prefill passes
+        self.steps_in_prefill = 0  # decode steps run between two chunks of a prefill
+        self.prefills_cancelled = 0  # prefills stopped between chunks: their clients went away
 
     # -- the request side (event loop) ---------------------------------------------------------------
 
@@ -129,6 +131,8 @@ class Engine:
             "prefill_tokens": self.prefill_tokens,
             "cached_tokens": self.cached_tokens,
             "prefill_chunks": self.chunks,
+            "steps_in_prefill": self.steps_in_prefill,
+            "prefills_cancelled": self.prefills_cancelled,
             "prefix_cache_bytes": self.prefix.bytes if self.prefix else 0,
         }
 
@@ -265,6 +269,7 @@ class Engine:
         pre = self._pending
         if all(j.cancelled for j in pre.group):
             self._pending, self._prefilling = None, 0
+            self.prefills_cancelled += 1
             return
         a = pre.fed
         b = pre.width if not self.chunk else min(pre.width, a + self.chunk)
@@ -334,6 +339,7 @@ class Engine:
         self._cache = out.past_key_values
         self.batches.append(len(self._rows))
         self.steps += 1
+        self.steps_in_prefill += self._pending is not None
         self._advance(self._rows, out.logits[:, -1])
 
     def _advance(self, rows: list[Job], logits) -> None:
@@ -378,6 +384,8 @@ class Engine:
         done = [j for j in rows if j.finish is not None]
         if done:
             self._remember(done)
+            gone = {id(j) for j in done}
+            self._keep([i for i, j in enumerate(self._rows) if id(j) not in gone])  # before a client hears
             for j in done:
                 text = (
                     j.text
@@ -385,8 +393,6 @@ class Engine:
                     else self.tok.decode(j.ids, skip_special_tokens=False)
                 )
                 j.emit(("done", text, list(j.ids), j.finish))
-            gone = {id(j) for j in done}
-            self._keep([i for i, j in enumerate(self._rows) if id(j) not in gone])
 
     def _remember(self, done: list[Job]) -> None:
         """Finished rows' prompts and completions enter the prefix cache (a conversation's next turn starts
