@@ -81,3 +81,20 @@ def test_load_hf_places_the_model_on_the_chosen_device(tiny_model, monkeypatch):
     model, _ = load_hf(resolve_model(str(tiny_model.hf), None))
     p = next(model.parameters())
     assert p.device == torch.device("cpu") and p.dtype == torch.float32
+
+
+def test_eval_policies_share_a_prefix_cache_sized_for_the_device(tiny_model, monkeypatch):
+    """load_policy (eval's policy) prefills the prompt that episodes share once: the second episode's first
+    turn starts from what the first one left in the prefix cache."""
+    from trace_cli.compose.policy import load_policy
+    from trace_cli.envs import make_env
+    from trace_cli.envs.rollout import rollout
+    from trace_cli.models.refs import resolve_model
+
+    monkeypatch.setenv(device.ENV, "cpu")
+    cache = device.prefix_cache()
+    assert cache.max_bytes == device.PREFIX_CACHE_MIB["cpu"] << 20
+    policy = load_policy(resolve_model(str(tiny_model.hf), None), max_new_tokens=4)
+    assert policy.prefix_cache is not None and policy.prefix_cache.hit_tokens == 0
+    rollout(policy, lambda: make_env("shop"), [(0, 0), (1, 0)], max_turns=1, batch_size=1)
+    assert policy.prefix_cache.hit_tokens > 0

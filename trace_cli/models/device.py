@@ -70,3 +70,15 @@ def place(model: Any, device: Any = None) -> Any:
     """`model` moved to the run's device (or `device`); the same object on the CPU."""
     dev = resolve() if device is None else device
     return model if dev.type == "cpu" else model.to(dev)
+
+
+PREFIX_CACHE_MIB = {"cpu": 512, "cuda": 4096}  # keys/values kept for prompts that episodes share
+
+
+def prefix_cache(dev: Any = None) -> Any:
+    """A `models.prefix_cache.PrefixCache` for one set of weights, sized for the run's device: eval,
+    calibration and GRPO rollouts prefill the system prompt and tool schemas their episodes share once."""
+    from trace_cli.models.prefix_cache import PrefixCache
+
+    kind = (resolve() if dev is None else dev).type
+    return PrefixCache(PREFIX_CACHE_MIB.get(kind, 512) << 20)

@@ -195,6 +195,7 @@ def load_calibration_policy(model, store: Store, cfg: dict[str, Any]):
     cal = cfg["calibration"]
     if cal["tokens"] and model.kind == "hf":
         from trace_cli.agents.token_history import TokenPolicy
+        from trace_cli.models import device
         from trace_cli.models.importer import context_of
         from trace_cli.models.refs import load_hf
 
@@ -208,6 +209,7 @@ def load_calibration_policy(model, store: Store, cfg: dict[str, Any]):
             top_p=cal["top_p"],
             max_context=context_of(hf.config),
             seed=cfg["seed"],
+            prefix_cache=device.prefix_cache(),
         )
     return load_policy(
         model,

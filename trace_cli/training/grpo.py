@@ -472,6 +472,8 @@ def make_rollout_func(spec: GRPOSpec, tokenizer, max_context: int, state: dict[s
     def rollout_func(prompts: list, trainer) -> dict[str, list]:
         from trl.models.utils import unwrap_model_for_generation
 
+        from trace_cli.models import device
+
         if replay and not spec.use_vllm:
             served = replayed(len(prompts))
             if served is not None:
@@ -499,6 +501,7 @@ def make_rollout_func(spec: GRPOSpec, tokenizer, max_context: int, state: dict[s
                 max_context=max_context,
                 seed=run_seed,
                 generate_fn=_vllm_generate(trainer) if spec.use_vllm else None,
+                prefix_cache=None if spec.use_vllm else device.prefix_cache(),  # fresh: these weights only
             )
             jobs = [(s, i) for i, s in enumerate(seeds)]
             results = rollout(
