@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 from functools import cache
 from pathlib import Path
@@ -15,6 +16,12 @@ if str(Path(__file__).parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).parent))
 
 from trace_testing import TAU2_DIR, TAU2_FILES  # noqa: E402
+
+# A run started in the background by a non-interactive shell (`make test &`, nohup) inherits SIGINT ignored, and
+# Python then installs no KeyboardInterrupt handler; the Ctrl-C tests need it, here and in the CLIs they start
+# (exec resets a caught signal to its default, while an ignored one stays ignored).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)

@@ -28,6 +28,22 @@ def test_no_tracked_file_reads_the_shared_folder():
     assert offenders == []
 
 
+def test_no_tracked_file_cites_a_design_document_outside_the_repository():
+    """The design is ARCHITECTURE.md, in the repository; no file cites notes a clone does not have."""
+    needle = "DESIGN" + ".md"  # split so this file does not match itself
+    offenders = []
+    for rel in tracked_files():
+        path = REPO / rel
+        try:
+            text = path.read_text(encoding="utf-8") if path.is_file() else ""
+        except UnicodeDecodeError:
+            continue
+        if needle in text or "DESIGN" + " §" in text or "DESIGN" + " notes" in text:
+            offenders.append(rel)
+    assert offenders == []
+    assert (REPO / "ARCHITECTURE.md").is_file()
+
+
 def test_vendored_tau2_data_has_licence_and_readme():
     for f in [*TAU2_FILES.values(), "LICENSE", "README.md"]:
         assert (TAU2_DIR / f).is_file(), f

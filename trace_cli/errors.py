@@ -1,4 +1,4 @@
-"""One error hierarchy; the CLI maps each class to an exit code (DESIGN.md §7)."""
+"""One error hierarchy; the CLI maps each class to an exit code (ARCHITECTURE.md, "Errors and exit codes")."""
 
 from __future__ import annotations
 
@@ -56,3 +56,8 @@ class StoreError(TraceError):
     """The store is inconsistent or locked."""
 
     exit_code = 1
+
+
+def a(word: str) -> str:
+    """`word` with its indefinite article, for messages: "an environment", "a model"."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"

@@ -67,7 +67,11 @@ def test_the_loop_takes_turns_only():
 
 
 def test_every_builtin_is_a_policy():
-    for policy in (ReferencePolicy(), DemonstrationPolicy({"precondition_verification"}), RandomPolicy(3)):
+    for policy in (
+        ReferencePolicy(),
+        DemonstrationPolicy({"precondition_verification"}, 1.0, 0),
+        RandomPolicy(3),
+    ):
         assert isinstance(policy.name, str) and callable(policy.act)
         p: Policy = policy  # the protocol every agent implements
         (ep,) = rollout(p, lambda: make_env("shop"), [(1, 0)], max_turns=12)

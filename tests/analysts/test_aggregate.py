@@ -1,4 +1,4 @@
-"""The contrastive selection's pure functions on hand-computed examples (TRACE §2, DESIGN.md §2)."""
+"""The contrastive selection's pure functions on hand-computed examples (TRACE §2; ARCHITECTURE.md, "The method")."""
 
 from __future__ import annotations
 

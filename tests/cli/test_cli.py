@@ -47,6 +47,11 @@ def test_help_lists_every_command_with_its_summary():
     assert "Example" in r.stdout and "--store DIR" in flat
 
 
+def test_every_registered_command_exists():
+    """A command listed in COMMANDS whose module is missing would be hidden from --help silently."""
+    assert _available() == list(COMMANDS)
+
+
 @pytest.mark.parametrize("path", _all_commands(), ids=lambda p: " ".join(p))
 def test_every_command_has_help_with_an_example(path):
     r = run_cli(*path, "--help")

@@ -161,12 +161,12 @@ def deficient_rollouts(composed_store):
 
 def test_target_conversations_are_labelled_with_the_expert_they_lack(deficient_rollouts):
     """Not base for every target turn: a conversation that lacks an expert's capability is that expert's."""
-    from trace_cli.stages.compose import _by_need
+    from trace_cli.compose.needs import by_need
     from trace_cli.store.rollouts import read_episodes
 
     names = list(CAPS)  # slot 1: structured_data_reasoning, slot 2: tool_calling_precision
     eps = read_episodes(deficient_rollouts["need-train"].path)
-    slots = _by_need(eps, names)
+    slots = by_need(eps, names)
     by_family: dict[str, list[int]] = {}
     for ep, s in zip(eps, slots, strict=True):
         by_family.setdefault(ep["task_id"].split("-")[1], []).append(s)
@@ -203,7 +203,7 @@ def test_gates_learn_need_labels_and_are_scored_on_the_agents_own_held_out_conve
 def test_a_diagnosis_labels_target_conversations_without_new_rollouts(composed_store, deficient_rollouts):
     """moe.diagnosis: the diagnosed rollouts, slots from the diagnosis's own labels (majority over runs), agree
     with the rules detectors run on the same episodes."""
-    from trace_cli.stages.compose import _by_need, _diagnosed
+    from trace_cli.compose.needs import by_need, diagnosed
     from trace_cli.store.rollouts import read_episodes
 
     ro = deficient_rollouts["need-train"]
@@ -211,12 +211,12 @@ def test_a_diagnosis_labels_target_conversations_without_new_rollouts(composed_s
         "diagnose", {"rollouts": ro.uri, "analyst": "rules"}, composed_store, name="need-diag"
     ).main
     names = list(CAPS)
-    pairs = _diagnosed(diag, ro, names)
+    pairs = diagnosed(diag, ro, names)
     assert len(pairs) == 36
     expected = dict(
         zip(
             (e["episode_id"] for e in read_episodes(ro.path)),
-            _by_need(read_episodes(ro.path), names),
+            by_need(read_episodes(ro.path), names),
             strict=True,
         )
     )

@@ -116,8 +116,8 @@ def test_render_prefix_preserving_tokens(tiny_model, episodes):
 def test_tokenizer_never_merges_across_the_generation_prompt(episodes):
     """A tokenizer trained on a larger corpus learns merges like "\\nYour"; the builder must prevent them
     from crossing the newline that ends the generation prompt (it isolates newlines)."""
+    from trace_cli.envs.corpus import corpus_episodes
     from trace_cli.models.builder import build_tokenizer, corpus
-    from trace_cli.stages.model import corpus_episodes
 
     tok = build_tokenizer(corpus(corpus_episodes(["shop"], 40, 0)), 1024)
     _assert_token_prefix(tok, episodes)

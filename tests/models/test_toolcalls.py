@@ -95,8 +95,8 @@ def test_llama3_json(llama_tok):
 
 
 def test_llama3_json_template_renders_tools_preserves_prefixes_and_stops(llama_tok):
+    from trace_cli.envs.corpus import sample_episodes
     from trace_cli.models.importer import renders_tools
-    from trace_cli.stages.model import sample_episodes
 
     assert renders_tools(llama_tok, llama_tok.chat_template)
     assert detect_tool_format(LLAMA3_JSON) == "llama3-json"
@@ -175,7 +175,7 @@ def test_sft_mask_without_generation_marks(llama_tok):
     exactly the assistant's tokens through its stop token."""
     import re
 
-    from trace_cli.stages.model import sample_episodes
+    from trace_cli.envs.corpus import sample_episodes
     from trace_cli.training.sft import tokenize
 
     plain = re.sub(r"\{%-?\s*(end)?generation\s*-?%\}", "", LLAMA3_JSON)

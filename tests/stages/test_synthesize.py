@@ -485,8 +485,8 @@ def test_llm_authored_module_rejections_kept_then_accepted(st, in_band):
 
 
 @pytest.mark.needs_sandbox
-def test_llm_author_all_rejected_falls_back_to_template_or_fails(st, in_band):
-    llm = FakeLLM([BROKEN_MODULE] * 4)
+def test_llm_author_all_rejected_falls_back_to_template_or_fails(st, in_band, capfd):
+    llm = FakeLLM([BROKEN_MODULE] * 6)
     try:
         diag = make_diagnosis(st, selected=["precondition_verification"])
         base = {
@@ -502,6 +502,17 @@ def test_llm_author_all_rejected_falls_back_to_template_or_fails(st, in_band):
         doc = read_environment(art)
         assert doc["source"] == "template" and doc["authoring"]["fallback"] == "template"
         assert [m["accepted"] for m in doc["authoring"]["modules"]] == [False, False]
+        err = capfd.readouterr().err
+        assert (
+            "notice: every module the openai author wrote for precondition_verification was rejected" in err
+        )
+        assert "falling back to the built-in template of precondition_verification" in err
+        with pytest.raises(CheckFailed, match="rejected .*strict: no fallback to the template"):
+            execute(
+                "synthesize",
+                {**base, "strict": True, "llm": {"base_url": llm.url, "model": "fake", "attempts": 2}},
+                st,
+            )
         with pytest.raises(CheckFailed, match="rejected"):
             execute(
                 "synthesize",
@@ -591,7 +602,7 @@ def _authored(st, in_band) -> object:
 
 @pytest.mark.needs_sandbox
 def test_a_crafted_environment_artifact_cannot_point_outside_or_swap_its_module(st, in_band, tmp_path):
-    import trace_cli.envs.artifact as artifact
+    import trace_cli.envs.loading as loading
 
     art = _authored(st, in_band)
     outside = tmp_path / "outside.py"
@@ -602,11 +613,11 @@ def test_a_crafted_environment_artifact_cannot_point_outside_or_swap_its_module(
         (str(outside), "not a file inside the artifact"),
         ("../../../outside.py", "not a file inside"),
     ):
-        artifact.MODULE_FACTORIES.clear()
+        loading.MODULE_FACTORIES.clear()
         doc_path.write_text(yaml.safe_dump({**doc, "module": module}))
         with pytest.raises(UsageError, match=why):
             make_env("store://environment/authored", store=st)
-    artifact.MODULE_FACTORIES.clear()
+    loading.MODULE_FACTORIES.clear()
     doc_path.write_text(yaml.safe_dump({**doc, "authoring": {**doc["authoring"], "sandbox": {"cpu_s": 1e9}}}))
     (art.path / doc["module"]).write_text(GOOD_MODULE + "\n# changed after commit\n")
     with pytest.raises(UsageError, match="does not match the hash"):

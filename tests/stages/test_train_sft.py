@@ -136,7 +136,7 @@ def _affected(demo: dict, deficits: set[str]) -> bool:
 
 @pytest.fixture(scope="module")
 def reference_demos():
-    demos = demonstrations("shop", DEMO_SEEDS, set())
+    demos = demonstrations("shop", DEMO_SEEDS, set(), deficit_rate=0.0, seed=0)
     assert all(d["reward"] == 1.0 for d in demos)
     return demos
 
@@ -145,7 +145,7 @@ def reference_demos():
     "deficits", [{c} for c in CAPABILITIES] + [{"precondition_verification", "multi_step_completion"}]
 )
 def test_deficit_rate_one_withholds_exactly_the_required_behaviour(reference_demos, deficits):
-    withheld = demonstrations("shop", DEMO_SEEDS, deficits, deficit_rate=1.0)
+    withheld = demonstrations("shop", DEMO_SEEDS, deficits, deficit_rate=1.0, seed=0)
     n_affected = 0
     for ref, d in zip(reference_demos, withheld, strict=True):
         assert d["seed"] == ref["seed"] and d["family"] == ref["family"]
@@ -160,7 +160,7 @@ def test_deficit_rate_one_withholds_exactly_the_required_behaviour(reference_dem
 
 def test_deficit_rate_zero_is_the_reference(reference_demos):
     caps = set(CAPABILITIES)
-    shown = demonstrations("shop", DEMO_SEEDS, caps, deficit_rate=0.0)
+    shown = demonstrations("shop", DEMO_SEEDS, caps, deficit_rate=0.0, seed=0)
     assert [d["messages"] for d in shown] == [d["messages"] for d in reference_demos]
 
 
@@ -168,7 +168,7 @@ def test_deficit_rate_between_mixes_deterministically(reference_demos):
     caps = set(CAPABILITIES)
     a = demonstrations("shop", DEMO_SEEDS, caps, deficit_rate=0.5, seed=3)
     b = demonstrations("shop", DEMO_SEEDS, caps, deficit_rate=0.5, seed=3)
-    full = demonstrations("shop", DEMO_SEEDS, caps, deficit_rate=1.0)
+    full = demonstrations("shop", DEMO_SEEDS, caps, deficit_rate=1.0, seed=0)
     assert [d["messages"] for d in a] == [d["messages"] for d in b]
     kinds = []
     for ref, d, w in zip(reference_demos, a, full, strict=True):
@@ -180,4 +180,4 @@ def test_deficit_rate_between_mixes_deterministically(reference_demos):
 
 def test_unknown_deficit_is_a_usage_error():
     with pytest.raises(UsageError, match="unknown deficit"):
-        demonstrations("shop", DEMO_SEEDS[:2], {"not_a_capability"})
+        demonstrations("shop", DEMO_SEEDS[:2], {"not_a_capability"}, deficit_rate=1.0, seed=0)

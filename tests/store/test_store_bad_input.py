@@ -165,3 +165,17 @@ def test_a_corrupt_index(tmp_path, garbage):
     assert run_trace("store", "reindex", "--store", store).returncode == 0
     r = run_trace("store", "sql", "SELECT count(*) AS n FROM episodes", "--json", "--store", store)
     assert r.returncode == 0 and '"n": 20' in r.stdout, r.stderr
+
+
+def test_a_reference_of_the_wrong_kind_names_it_with_the_right_article(tmp_path):
+    """Messages say "an environment artifact" and "an eval reference", never "a environment"."""
+    from trace_cli.errors import UsageError
+    from trace_cli.models.refs import resolve_model
+
+    st = Store(tmp_path / "store")
+    with st.writer("environment", "synthesize", {"x": 1}, [], name="env1") as w:
+        (w.path / "environment.yaml").write_text("kind: environment\n")
+    with pytest.raises(UsageError, match=r"is an environment artifact, not a model"):
+        resolve_model("store://environment/env1", st)
+    with pytest.raises(UsageError, match=r"is an environment reference, but an eval artifact is needed here"):
+        st.resolve("environment/env1", kind="eval")

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from grpo_helpers import set_env, tiny_model
 
-from trace_cli.training.grpo import _shuffle_groups, shared_prompt_logps
+from trace_cli.training.grpo_trainer import shuffle_groups
+from trace_cli.training.logps import shared_prompt_logps
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +122,7 @@ def test_shuffle_groups_keeps_each_group_together_in_order():
     seen = set()
     for seed in range(8):
         torch.manual_seed(seed)
-        out = _shuffle_groups(batch)
+        out = shuffle_groups(batch)
         rows = out["row"].tolist()
         assert sorted(rows) == list(range(6))
         assert out["names"] == [batch["names"][r] for r in rows]

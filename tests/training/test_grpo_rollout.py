@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from grpo_helpers import set_env, tiny_model
 
-from trace_cli.agents.token_history import BUDGET_ERROR, TokenPolicy
+from trace_cli.agents.token_history import BUDGET_ERROR, TokenPolicy, episode_sequence
 from trace_cli.envs.registry import make_env
 from trace_cli.envs.rollout import rollout
 from trace_cli.models.chat import render
-from trace_cli.training.grpo import episode_sequence, parse_seed, seed_prompt
+from trace_cli.training.grpo_rollout import parse_seed, seed_prompt
 
 
 @pytest.fixture(scope="session")

@@ -39,7 +39,7 @@ class DemonstrationPolicy(ReferencePolicy):
     reference point for diagnose (what a base agent "with known failures" produces) that needs no training.
     With rate < 1 a seeded share of episodes shows the withheld behaviour after all."""
 
-    def __init__(self, deficits: set[str], rate: float = 1.0, seed: int = 0):
+    def __init__(self, deficits: set[str], rate: float, seed: int):
         self.deficits = set(deficits)
         self.rate = rate
         self.seed = seed
@@ -85,7 +85,7 @@ class RandomPolicy:
 
     name = "policy:random"
 
-    def __init__(self, seed: int = 0):
+    def __init__(self, seed: int):
         self.seed = seed
 
     def begin(self, state: EpisodeState) -> None:

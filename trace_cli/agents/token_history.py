@@ -7,17 +7,20 @@ generation prompt) rendered with the same template and cut at the end-of-turn to
 Re-rendering the history each turn (what `HFPolicy` does for eval) gives the same ids whenever the model's output
 is canonical (tested on reference transcripts), but a non-canonical completion (JSON spacing, a different BPE
 split) would re-tokenize differently, and the policy gradient would then score tokens the model never produced.
-`trace_cli.training.grpo.episode_sequence` turns the recorded turns into the trainer's sequence.
+`episode_sequence` turns the recorded turns into the trainer's sequence: `completion_ids` = everything after the
+initial prompt, with `env_mask` 1 on generated tokens and 0 on environment tokens (GRPO trains on it, and
+synthesize's calibration keeps it for train to replay).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from trace_cli.agents.base import as_turn
+from trace_cli.config.sampling import SamplingSettings
 
 BUDGET_ERROR = "episode token budget (max_completion_length) exhausted"
 
@@ -83,6 +86,19 @@ class TokenPolicy:
         self._round = 0
         self._first: dict[str, list[int]] = {}  # first-prompt ids, shared by a group's rollouts of one seed
         self._gen_config = None
+
+    @classmethod
+    def sampling_as(cls, model: Any, tok: Any, sampling: SamplingSettings, **kw: Any) -> TokenPolicy:
+        """A policy that samples as `sampling` says, its episode budget being `max_completion_length`."""
+        return cls(
+            model,
+            tok,
+            max_new_tokens=sampling.max_new_tokens,
+            budget=sampling.max_completion_length,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            **kw,
+        )
 
     def _encode(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=False)["input_ids"]
@@ -198,3 +214,35 @@ class TokenPolicy:
             torch.manual_seed((self.seed * 1_000_003 + self._round) % (1 << 63))
         self._round += 1
         return self._gen_config
+
+
+def episode_sequence(turns: Sequence[dict[str, Any]], eos_id: int) -> dict[str, Any]:
+    """(prompt_ids, completion_ids, env_mask, logprobs) of one episode from its per-turn records.
+
+    Requires every turn's context to extend the previous context + completion (true by construction for
+    `TokenPolicy`; for re-rendered contexts it holds only when the template is prefix-preserving and the
+    re-tokenization matches, and a ValueError says when it does not)."""
+    if not turns:  # ended before any generation (the prompt alone exceeded the budget)
+        return {"prompt_ids": [eos_id], "completion_ids": [eos_id], "env_mask": [0], "logprobs": [0.0]}
+    prompt = list(turns[0]["prompt_ids"])
+    comp: list[int] = []
+    mask: list[int] = []
+    lps: list[float] = []
+    prev = prompt
+    for n, t in enumerate(turns):
+        ctx = t["prompt_ids"]
+        if ctx[: len(prev)] != prev:
+            raise ValueError(
+                f"turn {n}: its context does not extend the previous turn's context + completion"
+            )
+        env = ctx[len(prev) :]
+        comp += env
+        mask += [0] * len(env)
+        lps += [0.0] * len(env)
+        comp += t["completion_ids"]
+        mask += [1] * len(t["completion_ids"])
+        lps += list(t.get("logprobs") or [0.0] * len(t["completion_ids"]))
+        prev = list(ctx) + list(t["completion_ids"])
+    if not comp:
+        comp, mask, lps = [eos_id], [0], [0.0]
+    return {"prompt_ids": prompt, "completion_ids": comp, "env_mask": mask, "logprobs": lps}

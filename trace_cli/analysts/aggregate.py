@@ -1,4 +1,4 @@
-"""Pure functions of the contrastive selection (TRACE §2, DESIGN.md §2), unit-tested on hand-computed cases.
+"""Pure functions of the contrastive selection (TRACE §2; ARCHITECTURE.md, "The method"), unit-tested on hand-computed cases.
 
 Per labelling run and capability c, over episodes weighted by how often the run sampled them:
   ER⁻ = LACKING_failed / (LACKING_failed + PRESENT_failed)      (NA and ERROR labels excluded)
@@ -78,22 +78,10 @@ def run_stats(rows: Iterable[tuple[bool, str, float]]) -> RunStats:
         if label not in ("LACKING", "PRESENT", "NA"):
             s.errors += w
             continue
-        if success:
-            s.total_passed += w
-            if label == "LACKING":
-                s.lacking_passed += w
-            elif label == "PRESENT":
-                s.present_passed += w
-            else:
-                s.na_passed += w
-        else:
-            s.total_failed += w
-            if label == "LACKING":
-                s.lacking_failed += w
-            elif label == "PRESENT":
-                s.present_failed += w
-            else:
-                s.na_failed += w
+        outcome = "passed" if success else "failed"
+        field = {"LACKING": "lacking", "PRESENT": "present", "NA": "na"}[label] + "_" + outcome
+        setattr(s, "total_" + outcome, getattr(s, "total_" + outcome) + w)
+        setattr(s, field, getattr(s, field) + w)
     return s
 
 

@@ -15,52 +15,33 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from trace_cli.analysts.base import Candidate, Label, Trajectory
-from trace_cli.analysts.cache import ResponseCache, request_key
-from trace_cli.analysts.prompts import (
-    AnalystResponseError,
-    PromptLimits,
-    discovery_messages,
-    labelling_messages,
-    parse_discovery,
-    parse_labels,
-    to_labels,
-)
+from trace_cli.analysts.cache import request_key
+from trace_cli.analysts.llm_base import Answer, LLMAnalyst, llm_settings
+from trace_cli.analysts.prompts import AnalystResponseError
 from trace_cli.errors import UsageError
 from trace_cli.progress import Bar
 
 T = TypeVar("T")
 
-DEFAULTS: dict[str, Any] = {
-    "temperature": 0.7,
-    "max_tokens": 1024,
-    "max_retries": 4,
-    "concurrency": 8,
-    "cache": True,
-}
 DEFAULT_CONTEXT = 4096  # when the config has no max_position_embeddings
 MIN_PROMPT_TOKENS = 256
 
 
-class HFAnalyst:
+class HFAnalyst(LLMAnalyst):
     name = "hf"
-    deterministic = False
 
     def __init__(self, config: dict[str, Any], store: Any = None):
         from trace_cli.models.refs import resolve_model
 
-        llm = {**DEFAULTS, **{k: v for k, v in (config.get("llm") or {}).items() if v is not None}}
+        llm = llm_settings(config)
         if not llm.get("model"):
             raise UsageError("the hf analyst needs llm.model (a local model dir or store://model/NAME)")
         self.ref = resolve_model(str(llm["model"]), store)
         if self.ref.kind not in ("hf", "adapter"):
             raise UsageError(f"the hf analyst needs a transformers model, not {self.ref.display!r}")
-        self.temperature = float(llm["temperature"])
-        self.max_tokens = int(llm["max_tokens"])
+        super().__init__(llm, store)
         self.max_retries = int(llm["max_retries"]) if self.temperature > 0 else 0
         self.batch_size = max(1, int(llm["concurrency"]))
-        self.limits = PromptLimits.from_config(llm)
-        self.cache = ResponseCache.for_store(store, self.name, bool(llm["cache"]))
         self._model = None
         self._tok = None
         self.calls = 0  # generations run (cache hits run none)
@@ -206,36 +187,9 @@ class HFAnalyst:
 
     # ------------------------------------------------------------------------------------------ analyst API
 
-    def discover(self, episodes: list[dict[str, Any]], max_candidates: int, seed: int) -> list[Candidate]:
-        trajs = [Trajectory.from_episode(e) for e in episodes]
-        ids = {t.task_id for t in trajs}
-        [(cands, why)] = self._ask_many(
-            [discovery_messages(trajs, max_candidates, self.limits)],
-            run=-1,
-            seed=seed,
-            parse=lambda s: parse_discovery(s, max_candidates, ids),
-            what="discovering capabilities",
-        )
-        if not cands:
-            raise UsageError(
-                f"capability discovery failed: {why}",
-                hint="use --candidates catalog, or a stronger analyst model",
-            )
-        return cands
+    def _ask_one(self, messages, *, run: int, seed: int, parse: Callable[[str], T], what: str) -> Answer:
+        [answer] = self._ask_many([messages], run=run, seed=seed, parse=parse, what=what)
+        return answer
 
-    def label(
-        self, episodes: list[dict[str, Any]], candidates: list[Candidate], run: int, seed: int
-    ) -> list[Label]:
-        names = [c.name for c in candidates]
-        trajs = [Trajectory.from_episode(e) for e in episodes]
-        answers = self._ask_many(
-            [labelling_messages(t, candidates, self.limits) for t in trajs],
-            run=run,
-            seed=seed,
-            parse=lambda s: parse_labels(s, names),
-            what=f"labelling (run {run + 1})",
-        )
-        out: list[Label] = []
-        for t, (parsed, why) in zip(trajs, answers, strict=True):
-            out += to_labels(t.episode_id, names, run, parsed, why)
-        return out
+    def _ask_all(self, prompts, *, run: int, seed: int, parse: Callable[[str], T], what: str) -> list[Answer]:
+        return self._ask_many(prompts, run=run, seed=seed, parse=parse, what=what)

@@ -17,41 +17,23 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, TypeVar
 from urllib.parse import urlparse
 
-from trace_cli.analysts.base import Candidate, Label, Trajectory
-from trace_cli.analysts.cache import ResponseCache, request_key
-from trace_cli.analysts.prompts import (
-    AnalystResponseError,
-    PromptLimits,
-    discovery_messages,
-    labelling_messages,
-    parse_discovery,
-    parse_labels,
-    to_labels,
-)
+from trace_cli.analysts.cache import request_key
+from trace_cli.analysts.llm_base import Answer, LLMAnalyst, llm_settings
+from trace_cli.analysts.prompts import AnalystResponseError
 from trace_cli.errors import UsageError
 from trace_cli.llm.openai_client import ChatClient, Endpoint, MalformedReply, Unavailable
 from trace_cli.progress import Bar
 
 T = TypeVar("T")
 
-DEFAULTS: dict[str, Any] = {
-    "api_key_env": "OPENAI_API_KEY",
-    "temperature": 0.7,
-    "max_tokens": 1024,
-    "timeout_s": 60.0,
-    "max_retries": 4,
-    "concurrency": 8,
-    "cache": True,
-}
 SEED_STRIDE = 1_000_003  # a re-ask sends seed + k * stride so a seeded server does not repeat itself
 
 
-class OpenAIAnalyst:
+class OpenAIAnalyst(LLMAnalyst):
     name = "openai"
-    deterministic = False
 
     def __init__(self, config: dict[str, Any], store: Any = None):
-        llm = {**DEFAULTS, **{k: v for k, v in (config.get("llm") or {}).items() if v is not None}}
+        llm = llm_settings(config)
         if not llm.get("base_url") or not llm.get("model"):
             raise UsageError(
                 "the openai analyst needs llm.base_url and llm.model "
@@ -66,12 +48,9 @@ class OpenAIAnalyst:
         self.path = parsed.path
         self.model = str(llm["model"])
         self.api_key_env = str(llm["api_key_env"])
-        self.temperature = float(llm["temperature"])
-        self.max_tokens = int(llm["max_tokens"])
+        super().__init__(llm, store)
         self.max_retries = int(llm["max_retries"])
         self.concurrency = int(llm["concurrency"])
-        self.limits = PromptLimits.from_config(llm)
-        self.cache = ResponseCache.for_store(store, self.name, bool(llm["cache"]))
         ep = Endpoint(
             base_url=self.base_url,
             model=self.model,
@@ -148,48 +127,21 @@ class OpenAIAnalyst:
 
     # ------------------------------------------------------------------------------------------ analyst API
 
-    def discover(self, episodes: list[dict[str, Any]], max_candidates: int, seed: int) -> list[Candidate]:
-        trajs = [Trajectory.from_episode(e) for e in episodes]
-        msgs = discovery_messages(trajs, max_candidates, self.limits)
-        ids = {t.task_id for t in trajs}
-        cands, why = self._ask(
-            msgs, run=-1, seed=seed, parse=lambda s: parse_discovery(s, max_candidates, ids)
-        )
-        if not cands:
-            raise UsageError(
-                f"capability discovery failed: {why}",
-                hint="use --candidates catalog, or a stronger analyst model",
-            )
-        return cands
+    def _ask_one(self, messages, *, run: int, seed: int, parse: Callable[[str], T], what: str) -> Answer:
+        return self._ask(messages, run=run, seed=seed, parse=parse)
 
-    def label(
-        self, episodes: list[dict[str, Any]], candidates: list[Candidate], run: int, seed: int
-    ) -> list[Label]:
-        names = [c.name for c in candidates]
-
-        def one(ep: dict[str, Any]) -> tuple[str, Any, str | None]:
-            t = Trajectory.from_episode(ep)
-            parsed, why = self._ask(
-                labelling_messages(t, candidates, self.limits),
-                run=run,
-                seed=seed,
-                parse=lambda s: parse_labels(s, names),
-            )
-            return t.episode_id, parsed, why
-
-        results: dict[str, tuple[Any, str | None]] = {}
+    def _ask_all(self, prompts, *, run: int, seed: int, parse: Callable[[str], T], what: str) -> list[Answer]:
+        """Every prompt asked on `concurrency` threads; answers in the prompts' order."""
+        answers: list[Answer] = [(None, "no answer")] * len(prompts)
         ex = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="analyst")
         try:
-            with Bar(len(episodes), f"labelling (run {run + 1})") as bar:
-                futures = [ex.submit(one, ep) for ep in episodes]
+            with Bar(len(prompts), what) as bar:
+                futures = {
+                    ex.submit(self._ask, m, run=run, seed=seed, parse=parse): i for i, m in enumerate(prompts)
+                }
                 for f in as_completed(futures):
-                    eid, parsed, why = f.result()
-                    results[eid] = (parsed, why)
+                    answers[futures[f]] = f.result()
                     bar.advance()
         finally:
             ex.shutdown(wait=True, cancel_futures=True)
-        out: list[Label] = []
-        for ep in episodes:
-            parsed, why = results[ep["episode_id"]]
-            out += to_labels(ep["episode_id"], names, run, parsed, why)
-        return out
+        return answers

@@ -101,6 +101,11 @@ def _same_up_to_format(a: Any, b: Any) -> bool:
     return norm(a) == norm(b)
 
 
+def _verdict(problems: list[str], ok: str) -> tuple[str, str]:
+    """LACKING with the problems found (each once, in order), else PRESENT with `ok`."""
+    return (LACKING, "; ".join(dict.fromkeys(problems))) if problems else (PRESENT, ok)
+
+
 def precondition_verification(t: Trajectory) -> tuple[str, str]:
     calls = t.calls()
     writes = [c for c in calls if is_write(c.name)]
@@ -122,9 +127,7 @@ def precondition_verification(t: Trajectory) -> tuple[str, str]:
             problems.append(
                 f"{w.name} is not an action the policy allows here (the reference does not do it)"
             )
-    if problems:
-        return LACKING, "; ".join(dict.fromkeys(problems))
-    return PRESENT, f"{len(writes)} write(s), each after reading its target"
+    return _verdict(problems, f"{len(writes)} write(s), each after reading its target")
 
 
 def multi_step_completion(t: Trajectory) -> tuple[str, str]:
@@ -181,9 +184,7 @@ def tool_calling_precision(t: Trajectory) -> tuple[str, str]:
                 diff = [k for k in ra if _args(c)[k] != ra[k]]
                 problems.append(f"{c.name}: argument format differs from the right call ({', '.join(diff)})")
                 break
-    if problems:
-        return LACKING, "; ".join(dict.fromkeys(problems))
-    return PRESENT, f"{len(calls)} well-formed call(s)"
+    return _verdict(problems, f"{len(calls)} well-formed call(s)")
 
 
 def structured_data_reasoning(t: Trajectory) -> tuple[str, str]:

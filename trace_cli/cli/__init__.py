@@ -66,7 +66,6 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "serve",
         "Serve a model over an OpenAI-compatible API (τ²-bench, LiteLLM, OpenAI SDK).",
     ),
-    "env": ("trace_cli.cli.env", "env", "List environments and show a task."),
     "run": ("trace_cli.cli.run", "run", "Run a recipe: chain stages, skipping steps that are up to date."),
     "status": (
         "trace_cli.cli.run",

@@ -68,6 +68,7 @@ SYNTHESIZE = StageOptions(
     Flag("--llm-model", "llm.model"),
     Flag("--api-key-env", "llm.api_key_env"),
     "--unsafe-local-exec",
+    "--strict",
     "--seed",
 )
 

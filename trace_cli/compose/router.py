@@ -86,7 +86,7 @@ def classifier_prompt(tok, skills: list[Skill], messages: list[dict[str, Any]], 
 
 
 @torch.no_grad()
-def classify(model, tok, prompts: list[str], ids: list[int], temperature: float = 1.0) -> list[list[float]]:
+def classify(model, tok, prompts: list[str], ids: list[int], temperature: float) -> list[list[float]]:
     """Softmax over the label tokens' log-probabilities at the next position, one row per prompt."""
     tok.padding_side = "left"
     enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)

@@ -25,7 +25,6 @@ import yaml
 
 from trace_cli.config.loading import load_artifact_yaml
 from trace_cli.config.schemas import validate
-from trace_cli.envs.base import Environment
 from trace_cli.errors import UsageError
 from trace_cli.store.tables import CALIBRATION
 
@@ -160,31 +159,3 @@ def module_source(art: Any, module: Any) -> str:
             "refusing to run it (see `trace store verify`)"
         )
     return data.decode("utf-8")
-
-
-MODULE_FACTORIES: dict[tuple[str, str], Any] = {}  # one sandbox worker per artifact and params
-
-
-def load_environment(art: Any, **params: Any) -> Environment:
-    """The environment of an artifact: its template with its params and tool schemas, or its module in the
-    sandbox; keyword `params` override the stored ones."""
-    doc = read_environment(art)
-    # The stored params are the effective knob values (reproducible even if a template's levels change);
-    # asking for another `level` means that level's knobs, so the stored ones are dropped then.
-    merged = dict(params) if "level" in params else {**(doc.get("params") or {}), **params}
-    max_turns = merged.pop("max_turns", doc.get("max_turns", 12))
-    if doc.get("source") == "template":
-        from trace_cli.envs.synthetic import get_template
-
-        tools = {t["function"]["name"]: t for t in doc.get("tools") or []}
-        return get_template(doc["template"])(tools=tools, max_turns=max_turns, **merged)
-    if doc.get("source") == "module":
-        from trace_cli.envs.sandbox import module_env_factory
-
-        key = (str(art.path), json.dumps(merged, sort_keys=True, default=str))
-        if key not in MODULE_FACTORIES:  # shared by the instances
-            MODULE_FACTORIES[key] = module_env_factory(module_source(art, doc.get("module")), merged)
-        return MODULE_FACTORIES[key]()
-    raise UsageError(
-        f"{art.uri}: {ENV_FILE} has unknown source {doc.get('source')!r} (expected template or module)"
-    )

@@ -1,4 +1,4 @@
-"""The environment protocol (DESIGN.md §5): reset(seed) -> Observation, step(action) -> StepResult, verify().
+"""The environment protocol (ARCHITECTURE.md, "Environments and capability templates"): reset(seed) -> Observation, step(action) -> StepResult, verify().
 
 Actions are plain dicts, the same shape an agent's parsed output has:
   * a tool call:        {"name": "get_order", "arguments": {"order_id": "#W1001"}}

@@ -154,10 +154,10 @@ def _check_params(name: str, factory: EnvFactory, params: dict[str, Any]) -> Non
 
 def _load_from_store(store: Any, ref: str, **params: Any) -> Environment:
     """Build a synthesized environment from an `environment` artifact: `store://environment/NAME_OR_ID`
-    (or a bare NAME_OR_ID); keyword `params` override the stored ones (see `trace_cli.envs.artifact`)."""
+    (or a bare NAME_OR_ID); keyword `params` override the stored ones (see `trace_cli.envs.loading`)."""
     from pathlib import Path
 
-    from trace_cli.envs.artifact import load_environment
+    from trace_cli.envs.loading import load_environment
 
     if isinstance(store, (str, Path)):
         from trace_cli.store import Store

@@ -182,7 +182,7 @@ def rollout(
     make_env: Callable[[], Environment],
     jobs: Sequence[tuple[int, int]],
     *,
-    max_turns: int = 12,
+    max_turns: int,
     batch_size: int = 16,
     on_done: Callable[[EpisodeResult], None] | None = None,
 ) -> list[EpisodeResult]:
@@ -219,15 +219,17 @@ def rollout(
     return [results[i] for i in range(len(jobs))]
 
 
-def replay(
-    env: Environment, seed: int, actions: Sequence[dict[str, Any]], *, max_turns: int = 1000
-) -> EpisodeResult:
+# a fixed plan is never cut short by the loop's cap (it ends where the plan or the environment does)
+REPLAY_CAP = 1000
+
+
+def replay(env: Environment, seed: int, actions: Sequence[dict[str, Any]]) -> EpisodeResult:
     """Run a fixed action list (reference solution or a demonstration) and return the episode."""
     st = start(env, seed)
     for a in actions:
         if st.done:
             break
-        apply_actions(st, [a], max_turns=max_turns)
+        apply_actions(st, [a], max_turns=REPLAY_CAP)
     if not st.done:
         st.termination = "end_of_actions"
     return finish(st)

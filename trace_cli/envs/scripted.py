@@ -45,7 +45,7 @@ class ActionFuzzer:
     type, or an unknown property is added, so they also exercise the environment's error paths.
     """
 
-    def __init__(self, seed: int = 0, p_message: float = 0.25):
+    def __init__(self, seed: int, p_message: float = 0.25):
         self.rng = random.Random(seed)
         self.p_message = p_message
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trace_cli.errors import NotFoundError, UsageError
+from trace_cli.errors import NotFoundError, UsageError, a
 from trace_cli.store import Store
 
 BUILTIN_POLICIES = ("policy:reference", "policy:random")  # + policy:demonstration?deficits=a,b&rate=0.9
@@ -182,7 +182,7 @@ def resolve_model(ref: str, store: Store | None = None) -> ModelRef:
                     artifact_kind=art.kind,
                     extra=extra,
                 )
-            raise UsageError(f"{ref!r} is a {art.kind} artifact, not a model, adapter or composition")
+            raise UsageError(f"{ref!r} is {a(art.kind)} artifact, not a model, adapter or composition")
     if "/" in ref and not ref.startswith(("store://", ".", "/")):
         return _hub(ref)
     raise NotFoundError(f"model {ref!r} not found: not a store artifact, a local directory or a hub id")

@@ -54,9 +54,10 @@ def _text(uri: Any, ref: str) -> str:
 def _resolve_paths(step: Step, config: dict[str, Any], base: Path) -> dict[str, Any]:
     """Relative file paths in a step are relative to the recipe file, not to the current directory."""
     from trace_cli.stages import get_stage
+    from trace_cli.stages.contract import stage_options
 
     out = dict(config)
-    for key in getattr(get_stage(step.uses), "PATH_KEYS", ()):
+    for key in stage_options(get_stage(step.uses)).PATH_KEYS:
         v = out.get(key)
         if isinstance(v, str) and v and not v.startswith("store://") and not Path(v).is_absolute():
             if "/" not in v and not (base / v).exists():

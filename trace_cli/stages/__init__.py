@@ -26,9 +26,16 @@ STAGES: dict[str, str] = {
 
 
 def get_stage(name: str) -> ModuleType:
+    """The module of stage `name`, checked against the stage contract (`stages.contract.Stage`)."""
+    from trace_cli.stages.contract import Stage
+
     if name not in STAGES:
         raise UsageError(f"unknown stage {name!r}; expected one of: {', '.join(sorted(STAGES))}")
-    return importlib.import_module(STAGES[name])
+    module = importlib.import_module(STAGES[name])
+    if not isinstance(module, Stage):
+        missing = [m for m in ("NAME", "OUTPUTS", "prepare", "run") if not hasattr(module, m)]
+        raise TypeError(f"stage {name!r} ({STAGES[name]}) lacks {', '.join(missing)} of the stage contract")
+    return module
 
 
 def config_schema(name: str) -> dict[str, Any]:
@@ -36,7 +43,9 @@ def config_schema(name: str) -> dict[str, Any]:
     from trace_cli.config.schemas import load_schema
 
     if name in STAGES:
-        own = getattr(get_stage(name), "CONFIG_SCHEMA", None)
+        from trace_cli.stages.contract import stage_options
+
+        own = stage_options(get_stage(name)).CONFIG_SCHEMA
         if own is not None:
             return own
     return load_schema(f"config/{name}.v1.json")

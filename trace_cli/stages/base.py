@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from trace_cli.config.frozen import freeze, freeze_stage_config, thaw
+from trace_cli.config.frozen import freeze
 from trace_cli.config.layers import present
 from trace_cli.config.schemas import validate
 from trace_cli.errors import CheckFailed, UsageError
+from trace_cli.stages.contract import Prepared, stage_options
 from trace_cli.store import Artifact, Store
 
 
@@ -51,47 +52,6 @@ def checked_config(
     cfg = apply_defaults(cfg, schema)
     cfg.pop("kind", None)
     return cfg
-
-
-@dataclass
-class Prepared:
-    """A stage invocation resolved before any compute: config, inputs with digests, and the output id."""
-
-    stage: str
-    config: Mapping[
-        str, Any
-    ]  # the full config (with defaults), recorded in the manifest; read-only once final
-    id_config: dict[str, Any]  # what enters the id (e.g. file paths replaced by their content digests)
-    inputs: list[dict[str, Any]]
-    outputs: dict[str, str]  # output name -> artifact kind
-    id: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)  # resolved objects the run needs (artifacts, envs)
-
-    def finalize(self) -> Prepared:
-        self.id = Store.compute_id(self.stage, self.id_config, self.inputs)
-        self.config = freeze_stage_config(self.stage, self.config)
-        return self
-
-    def writer(self, store: Store, kind: str, *, name=None, overrides=None, replace: bool = False):
-        """`store.writer` for this invocation's output of `kind`: its stage, config, inputs, seed (if the
-        config has one) and id."""
-        return store.writer(
-            kind,
-            self.stage,
-            thaw(self.config),
-            self.inputs,
-            name=name,
-            overrides=overrides,
-            seed=self.config.get("seed"),
-            id=self.id,
-            replace=replace,
-        )
-
-    def existing(self, store: Store) -> dict[str, Artifact] | None:
-        """The outputs, if every one of them is already in the store (the step is up to date)."""
-        if not all(store.exists(kind, self.id) for kind in self.outputs.values()):
-            return None
-        return {name: store.get(kind, self.id) for name, kind in self.outputs.items()}
 
 
 @dataclass
@@ -144,7 +104,7 @@ def _complete(
                 store.index_add(found[next(iter(found))])
             return Outcome(found, True, prepared)
     stage = get_stage(stage_name)
-    remember = getattr(stage, "CACHE_FAILURES", False)
+    remember = stage_options(stage).CACHE_FAILURES
     if remember and not force:
         cached = read_failure(store, stage_name, prepared.id)
         if cached is not None:
@@ -215,7 +175,7 @@ def fans_out(stage_name: str, config: Mapping[str, Any]) -> bool:
     input is read, so a recipe knows at load time which step outputs are lists."""
     from trace_cli.stages import get_stage
 
-    hook = getattr(get_stage(stage_name), "fans_out", None)
+    hook = stage_options(get_stage(stage_name)).fans_out
     return bool(hook and hook(config))
 
 
@@ -280,5 +240,5 @@ def failed(stage_name: str, members: list[Member]) -> CheckFailed | None:
     if not keys:
         return None
     n = len(members)
-    what = getattr(get_stage(stage_name), "FAN_OUT_FAILURE", "failed")
+    what = stage_options(get_stage(stage_name)).FAN_OUT_FAILURE
     return CheckFailed(f"{len(keys)} of {n} capabilit{'y' if n == 1 else 'ies'} {what}: {', '.join(keys)}")

@@ -129,9 +129,9 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
 
 
 def _prepare_moe(cfg, store: Store, adapters, base, extra) -> list[dict[str, Any]]:
+    from trace_cli.config.seeds import parse_seeds
     from trace_cli.envs.registry import make_env
     from trace_cli.models.refs import resolve_model
-    from trace_cli.stages.eval import parse_seeds
 
     m = cfg["moe"]
     names = [a["name"] for a in adapters]
@@ -279,54 +279,11 @@ def _targets(base, path, experts) -> list[str]:
     return check_targets(model, [load_lora(path / e["dir"], e["name"]) for e in experts])
 
 
-def need_slot(labels: dict[str, str], names: list[str]) -> int:
-    """The slot a target conversation needs: the first expert (adapters' order) whose capability it LACKS, else 0.
-
-    Only LACKING counts: a capability the conversation shows (PRESENT) is one the base has there, and the rules
-    detectors call tool-calling precision needed by every conversation that calls a tool, so PRESENT would send
-    nearly every target turn to that expert."""
-    from trace_cli.analysts.base import LACKING
-
-    return next((i for i, n in enumerate(names, start=1) if labels.get(n) == LACKING), 0)
-
-
-def _by_need(episodes: list[dict[str, Any]], names: list[str]) -> list[int]:
-    """Slots of target episodes from the rules detectors (which read the episodes' reference actions)."""
-    from trace_cli.analysts.rules import needs
-
-    return [need_slot(needs(ep, names), names) for ep in episodes]
-
-
-def _diagnosed(diag, rollouts, names: list[str]):
-    """(episode, slot) of a diagnosis's rollouts, the slot from its labels (majority over labelling runs)."""
-    from collections import Counter
-
-    import pyarrow.parquet as pq
-
-    from trace_cli.store.layout import LABELS as LABELS_FILE
-    from trace_cli.store.rollouts import read_episodes
-
-    votes: dict[tuple[str, str], Counter] = {}
-    for r in pq.read_table(
-        diag.path / LABELS_FILE, columns=["episode_id", "capability", "label"]
-    ).to_pylist():
-        if r["capability"] in names:
-            votes.setdefault((r["episode_id"], r["capability"]), Counter())[r["label"]] += 1
-    out = []
-    for ep in read_episodes(rollouts.path):
-        labels = {
-            c: votes[(ep["episode_id"], c)].most_common(1)[0][0]
-            for c in names
-            if (ep["episode_id"], c) in votes
-        }
-        out.append((ep, need_slot(labels, names)))
-    return out
-
-
 def _transcripts(prepared: Prepared, store: Store, names: list[str]):
     """(slot, messages, tools, key) for every labelled transcript: given rollouts, a diagnosis, or generated.
     Target transcripts are labelled with what they need (`need_slot`), never base for every target turn."""
     from trace_cli.compose.moe_train import Transcript
+    from trace_cli.compose.needs import as_episode, by_need, diagnosed
     from trace_cli.store.rollouts import read_episodes
 
     slot = {"base": 0, **{n: i for i, n in enumerate(names, start=1)}}
@@ -334,12 +291,12 @@ def _transcripts(prepared: Prepared, store: Store, names: list[str]):
     for d in prepared.extra["data"]:
         only_ok = d.get("success_only", d["expert"] not in ("base", NEEDS))
         eps = [ep for ep in read_episodes(d["art"].path) if ep.get("success") or not only_ok]
-        slots = _by_need(eps, names) if d["expert"] == NEEDS else [slot[d["expert"]]] * len(eps)
+        slots = by_need(eps, names) if d["expert"] == NEEDS else [slot[d["expert"]]] * len(eps)
         for i, (ep, s) in enumerate(zip(eps, slots, strict=True)):
             out.append(Transcript(s, ep["messages"], ep.get("tools") or [], f"{d['art'].id}:{i}"))
     if "diagnosis" in prepared.extra:
         diag, rollouts = prepared.extra["diagnosis"]
-        for ep, s in _diagnosed(diag, rollouts, names):
+        for ep, s in diagnosed(diag, rollouts, names):
             out.append(
                 Transcript(s, ep["messages"], ep.get("tools") or [], f"{rollouts.id}:{ep['episode_id']}")
             )
@@ -358,36 +315,25 @@ def _transcripts(prepared: Prepared, store: Store, names: list[str]):
     for s, env in envs:
         results = rollout(policy, lambda env=env: make_env(env, store=store), jobs, max_turns=m["max_turns"])
         if s == 0:  # the target's conversations: each labelled with what it needs
-            eps = [_as_episode(r) for r in results]
-            for r, need in zip(results, _by_need(eps, names), strict=True):
+            eps = [as_episode(r) for r in results]
+            for r, need in zip(results, by_need(eps, names), strict=True):
                 out.append(Transcript(need, r.messages, r.tools, f"0:{r.seed}"))
             continue
         out += [Transcript(s, r.messages, r.tools, f"{s}:{r.seed}") for r in results if r.success]
     return out
 
 
-def _as_episode(r) -> dict[str, Any]:
-    """What the rules detectors read of an episode, from a fresh rollout result."""
-    return {
-        "episode_id": f"{r.task_id}:{r.trial}",
-        "task_id": r.task_id,
-        "success": r.success,
-        "reward": r.reward,
-        "messages": r.messages,
-        "reference_actions": r.metadata.get("reference_actions"),
-    }
-
-
 def _test_transcripts(prepared: Prepared, names: list[str]):
     """The agent's own held-out conversations (moe.test_rollouts), labelled by need."""
     from trace_cli.compose.moe_train import Transcript
+    from trace_cli.compose.needs import by_need
     from trace_cli.store.rollouts import read_episodes
 
     art = prepared.extra["test_rollouts"]
     eps = read_episodes(art.path)
     return [
         Transcript(s, ep["messages"], ep.get("tools") or [], f"{art.id}:{ep['episode_id']}")
-        for ep, s in zip(eps, _by_need(eps, names), strict=True)
+        for ep, s in zip(eps, by_need(eps, names), strict=True)
     ]
 
 

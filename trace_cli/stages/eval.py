@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from trace_cli.config.sampling import SamplingSettings
+from trace_cli.config.seeds import parse_seeds
 from trace_cli.errors import UsageError
 from trace_cli.stages.base import Prepared, checked_config
 from trace_cli.store import Artifact, Store
@@ -13,41 +15,6 @@ from trace_cli.store.tables import EVAL_RESULTS, TASK_METADATA
 
 NAME = "eval"
 OUTPUTS = {"rollouts": "rollouts", "eval": "eval"}
-
-
-MAX_SEED = 2**63 - 1  # seeds are stored as int64 (episodes.seed)
-MAX_SEEDS = 1_000_000  # seeds in one run (each is at least one rollout); more is a typo, and would not fit
-
-
-def check_seed_range(a: int, b: int, spec: Any, what: str = "seeds") -> None:
-    """0 <= A < B <= 2**63 - 1 (B exclusive), at most MAX_SEEDS seeds; a UsageError naming the key otherwise."""
-    if a < 0 or b <= a:
-        raise UsageError(f"{what}: {spec!r} is empty or negative; expected A:B with 0 <= A < B (B exclusive)")
-    if b > MAX_SEED:
-        raise UsageError(
-            f"{what}: {spec!r} goes beyond the largest seed, 2**63-1 = {MAX_SEED} (seeds are stored as int64); "
-            "use a smaller range"
-        )
-
-
-def parse_seeds(spec: Any) -> list[int]:
-    if isinstance(spec, list):
-        if len(set(spec)) != len(spec):
-            raise UsageError("seeds: the list has duplicates")
-        big = [s for s in spec if isinstance(s, int) and not 0 <= s <= MAX_SEED]
-        if big:
-            raise UsageError(f"seeds: {big[0]} is outside 0..2**63-1 (seeds are stored as int64)")
-        return [int(s) for s in spec]
-    try:
-        a, b = (int(x) for x in str(spec).split(":"))
-    except ValueError as e:
-        raise UsageError(f"seeds: {spec!r} is not a range A:B (e.g. 0:100)") from e
-    check_seed_range(a, b, spec)
-    if b - a > MAX_SEEDS:
-        raise UsageError(
-            f"seeds: {spec!r} is {b - a:,} seeds; at most {MAX_SEEDS:,} per run (e.g. --seeds {a}:{a + 100})"
-        )
-    return list(range(a, b))
 
 
 def prepare(config: dict[str, Any], store: Store) -> Prepared:
@@ -127,13 +94,8 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
 
     cfg = prepared.config
     seeds: list[int] = prepared.extra["seeds"]
-    policy = load_policy(
-        prepared.extra["model"],
-        temperature=cfg["temperature"],
-        top_p=cfg["top_p"],
-        max_new_tokens=cfg["max_new_tokens"],
-        seed=cfg["seed"],
-    )
+    sampling = SamplingSettings.of(cfg)
+    policy = load_policy(prepared.extra["model"], **sampling.policy_kwargs(), seed=cfg["seed"])
     jobs = [(s, t) for s in seeds for t in range(cfg["trials"])]
     import sys
     import time
@@ -144,7 +106,7 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
             policy,
             lambda: make_env(cfg["env"], store=store),
             jobs,
-            max_turns=cfg["max_turns"],
+            max_turns=sampling.max_turns,
             batch_size=cfg["batch_size"],
             on_done=lambda r: bar.advance(),
         )

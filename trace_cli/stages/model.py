@@ -2,11 +2,10 @@
 (`source`: HF dir, .gguf, built-in smollm2-135m-instruct), as a `model` artifact.
 
 The environments' episodes that the model layer needs (the tokenizer's corpus, the template check of an
-import) are replayed here and handed down: trace_cli.models knows no environment."""
+import) are replayed by trace_cli.envs.corpus and handed down: trace_cli.models knows no environment."""
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 from trace_cli.errors import UsageError
@@ -19,63 +18,13 @@ OUTPUTS = {"model": "model"}
 PATH_KEYS = ("source",)
 
 
-def check_envs(names: list[str]) -> None:
-    """`envs:` must name registered environments (model and pretrain render their transcripts)."""
-    from trace_cli.envs.registry import list_envs
-
-    known = list_envs()
-    bad = [e for e in names if e not in known]
-    if bad:
-        raise UsageError(f"envs: unknown environment(s) {', '.join(bad)}; registered: {', '.join(known)}")
-
-
-def _replayed(name: str, seed: int, plan: list[dict[str, Any]]) -> dict[str, Any]:
-    from trace_cli.envs.registry import make_env
-    from trace_cli.envs.rollout import replay
-
-    ep = replay(make_env(name), seed, plan)
-    return {"messages": ep.messages, "tools": ep.tools}
-
-
-def corpus_episodes(env_names: list[str], n_seeds: int, seed: int = 0) -> list[dict[str, Any]]:
-    """Reference solutions and deficit demonstrations ({messages, tools}) on `n_seeds` seeded draws per
-    environment: the text a preset's tokenizer is trained on and pretraining copies from."""
-    from trace_cli.envs.registry import make_env
-
-    rng = random.Random(seed)
-    out = []
-    for name in env_names:
-        env = make_env(name)
-        for _ in range(n_seeds):
-            sd = rng.randrange(1 << 30)
-            env.reset(sd)
-            plans = [env.reference_actions()]
-            demo = getattr(env, "demonstration", None)
-            caps = (env.task_metadata() or {}).get("required_capabilities") or []
-            if demo is not None and caps:
-                plans.append(demo({rng.choice(caps)}))
-            out += [_replayed(name, sd, plan) for plan in plans]
-    return out
-
-
-def sample_episodes(env_names: list[str], seeds: int = 3) -> list[dict[str, Any]]:
-    """A few replayed reference episodes ({messages, tools}, seeds 0..seeds-1) to check a template against."""
-    from trace_cli.envs.registry import make_env
-
-    out = []
-    for name in env_names:
-        for s in range(seeds):
-            env = make_env(name)
-            env.reset(s)
-            out.append(_replayed(name, s, env.reference_actions()))
-    return out
-
-
 IMPORT_KEYS = ("source", "chat_template")
 PRESET_ONLY = ("preset", "vocab_size", "arch", "corpus_seeds")
 
 
 def prepare(config: dict[str, Any], store: Store) -> Prepared:
+    from trace_cli.envs.corpus import check_envs
+
     raw = dict(config or {})
     if "source" in raw:
         return _prepare_import(raw)
@@ -95,6 +44,7 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
 
 
 def _prepare_import(raw: dict[str, Any]) -> Prepared:
+    from trace_cli.envs.corpus import check_envs
     from trace_cli.models.importer import IMPORTER_VERSION, resolve_source
 
     bad = [k for k in PRESET_ONLY if k in raw]
@@ -113,6 +63,7 @@ def _prepare_import(raw: dict[str, Any]) -> Prepared:
 
 
 def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=False) -> dict[str, Artifact]:
+    from trace_cli.envs.corpus import corpus_episodes
     from trace_cli.models.builder import build
 
     cfg = prepared.config
@@ -132,6 +83,7 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
 
 
 def _run_import(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=False):
+    from trace_cli.envs.corpus import sample_episodes
     from trace_cli.models.importer import import_model
 
     cfg = prepared.config

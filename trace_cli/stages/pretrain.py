@@ -19,8 +19,8 @@ OUTPUTS = {"model": "model"}
 
 
 def prepare(config: dict[str, Any], store: Store) -> Prepared:
+    from trace_cli.envs.corpus import check_envs
     from trace_cli.models.refs import resolve_model
-    from trace_cli.stages.model import check_envs
 
     cfg = checked_config(NAME, config)
     check_envs(cfg["envs"])
@@ -36,9 +36,9 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
 
 
 def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=False) -> dict[str, Artifact]:
+    from trace_cli.envs.corpus import corpus_episodes
     from trace_cli.models.builder import corpus
     from trace_cli.models.refs import load_hf
-    from trace_cli.stages.model import corpus_episodes
     from trace_cli.training.pretrain import pretrain_copy
 
     cfg = prepared.config
@@ -50,22 +50,9 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
             probe = f"  copy {m['copy_accuracy']:.2f}" if "copy_accuracy" in m else ""
             print(f"step {m['step']:>5}  loss {m['loss']:.4f}{probe}  {m['elapsed_s']:.0f}s", file=sys.stderr)
 
-    out = pretrain_copy(
-        model,
-        tok,
-        texts,
-        max_steps=cfg["max_steps"],
-        batch_size=cfg["batch_size"],
-        transcript_share=cfg["transcript_share"],
-        lr=cfg["learning_rate"],
-        seq_len=cfg["seq_len"],
-        target=cfg["target"],
-        probe_every=cfg["probe_every"],
-        probe_size=cfg["probe_size"],
-        seed=cfg["seed"],
-        max_minutes=cfg["max_minutes"],
-        log=log,
-    )
+    keys = ("max_steps", "batch_size", "transcript_share", "seq_len", "target", "probe_every", "probe_size")
+    settings = {k: cfg[k] for k in (*keys, "seed", "max_minutes")}
+    out = pretrain_copy(model, tok, texts, lr=cfg["learning_rate"], log=log, **settings)
     if cfg["require_target"] and not out["reached_target"]:
         raise CheckFailed(
             f"pretrain: the copy probe reached {out['copy_accuracy']:.2f} after {out['steps']} steps "

@@ -8,7 +8,7 @@ N seeds × K rollouts of the policy model land in band (mean success in [0.2, 0.
 <= 20 % all-1 groups); otherwise difficulty is adjusted and measured again, up to `max_attempts` times, and
 the stage fails (exit 1) with the numbers of every attempt.
 
-The stage only orchestrates: the target's tools (`resolve_target`), the candidate (template, or the module
+The stage only orchestrates: the target's tools (`envs.target.resolve_target`), the candidate (template, or the module
 an LLM author writes: `envs.synthetic.author`), the checks (`envs.synthetic.checks.admit`), calibration
 (`envs.synthetic.calibrate`) and the artifact, whose files `envs.artifact` owns (environment.yaml,
 calibration.parquet, samples.jsonl, module.py and modules/ for LLM authors).
@@ -19,13 +19,13 @@ once per capability, listed or selected by the diagnosis (stages.base.execute_ea
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from trace_cli.config.loading import load_artifact_yaml
-from trace_cli.errors import CheckFailed, NotFoundError, UsageError
+from trace_cli.config.sampling import SamplingSettings
+from trace_cli.errors import CheckFailed, UsageError
 from trace_cli.stages.base import Prepared, checked_config
 from trace_cli.store import Artifact, Store
 
@@ -58,66 +58,11 @@ def fan_out(config: Any, store: Store) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _seed_range(spec: str, what: str) -> tuple[int, int]:
-    from trace_cli.stages.eval import check_seed_range
+    from trace_cli.config.seeds import check_seed_range
 
     a, b = (int(x) for x in spec.split(":"))
     check_seed_range(a, b, spec, f"seeds.{what}")
     return a, b
-
-
-def resolve_target(ref: Any, store: Store) -> dict[str, Any]:
-    """{"kind": env|rollouts, "ref", "tools": {name: schema}, "identity", "inputs", "artifact"}."""
-    from trace_cli.envs.refs import env_identity
-    from trace_cli.envs.registry import list_envs, make_env, parse_env_ref
-    from trace_cli.envs.synthetic import recover_tools
-
-    def from_rollouts(art: Artifact) -> dict[str, Any]:
-        tools = recover_tools(art)
-        if not tools:
-            raise UsageError(
-                f"target {art.uri}: its episodes have no tool definitions and no tool calls to recover "
-                "tools from"
-            )
-        return {
-            "kind": "rollouts",
-            "ref": art.uri,
-            "tools": tools,
-            "identity": {"rollouts": art.id},
-            "inputs": [art.as_input("target")],
-            "artifact": art.uri,
-        }
-
-    if isinstance(ref, str) and (ref.startswith("store://") or ref.split("/", 1)[0] in ("rollouts",)):
-        art = store.resolve(ref)
-        if art.kind != "rollouts":
-            raise UsageError(
-                f"target {ref!r} is a {art.kind} artifact; expected a registered environment "
-                "(e.g. shop) or a rollouts artifact"
-            )
-        return from_rollouts(art)
-    name, _ = parse_env_ref(ref)
-    if name not in list_envs():
-        try:
-            return from_rollouts(store.resolve(name, kind="rollouts"))
-        except NotFoundError:
-            raise NotFoundError(
-                f"target {ref!r} is neither a registered environment ({', '.join(list_envs())}) "
-                "nor a rollouts artifact in the store"
-            ) from None
-    env = make_env(ref)
-    tools: dict[str, Any] = {}
-    for seed in range(24):  # the union of the tools the target exposes over its task families
-        for t in env.reset(seed).tools:
-            tools.setdefault(t["function"]["name"], t)
-    ident = env_identity(ref)
-    return {
-        "kind": "env",
-        "ref": ref if isinstance(ref, str) else json.dumps(ref, sort_keys=True),
-        "tools": dict(sorted(tools.items())),
-        "identity": ident["id"],
-        "inputs": ident["inputs"],
-        "artifact": None,
-    }
 
 
 # ------------------------------------------------------------------------------------------------ prepare
@@ -125,6 +70,7 @@ def resolve_target(ref: Any, store: Store) -> dict[str, Any]:
 
 def prepare(config: dict[str, Any], store: Store) -> Prepared:
     from trace_cli.envs.synthetic import TEMPLATES, get_template
+    from trace_cli.envs.target import resolve_target
     from trace_cli.models.refs import resolve_model
 
     cfg = checked_config(NAME, config)
@@ -149,6 +95,7 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
         if cfg["author"] == "hf" and not llm.get("model"):
             raise UsageError("the hf author needs llm.model (a local model dir or store://model/NAME)")
     cal = cfg["calibration"]
+    calibration_sampling(cfg)  # its cross-field check, before any compute
     if cal["band"][0] > cal["band"][1]:
         raise UsageError(f"calibration.band {cal['band']} is empty: low must not exceed high")
     train = _seed_range(cfg["seeds"]["train"], "train")
@@ -192,32 +139,26 @@ def load_calibration_policy(model, store: Store, cfg: dict[str, Any]):
     attempt are on-policy rollouts of GRPO's first step and can be reused as such."""
     from trace_cli.compose.policy import load_policy
 
-    cal = cfg["calibration"]
-    if cal["tokens"] and model.kind == "hf":
+    sampling = calibration_sampling(cfg)
+    if cfg["calibration"]["tokens"] and model.kind == "hf":
         from trace_cli.agents.token_history import TokenPolicy
         from trace_cli.models import device
         from trace_cli.models.importer import context_of
         from trace_cli.models.refs import load_hf
 
         hf, tok = load_hf(model)
-        return TokenPolicy(
-            hf,
-            tok,
-            max_new_tokens=cal["max_new_tokens"],
-            budget=cal["max_completion_length"],
-            temperature=cal["temperature"],
-            top_p=cal["top_p"],
-            max_context=context_of(hf.config),
-            seed=cfg["seed"],
-            prefix_cache=device.prefix_cache(),
+        cache = (
+            device.prefix_cache()
+        )  # the calibration's weights never change: one cache for all its episodes
+        return TokenPolicy.sampling_as(
+            hf, tok, sampling, max_context=context_of(hf.config), seed=cfg["seed"], prefix_cache=cache
         )
-    return load_policy(
-        model,
-        temperature=cal["temperature"],
-        top_p=cal["top_p"],
-        max_new_tokens=cal["max_new_tokens"],
-        seed=cfg["seed"],
-    )
+    return load_policy(model, **sampling.policy_kwargs(), seed=cfg["seed"])
+
+
+def calibration_sampling(cfg: dict[str, Any]) -> SamplingSettings:
+    """How calibration samples: the `calibration` block's settings and the episode's `max_turns`."""
+    return SamplingSettings.of(cfg["calibration"], max_turns=cfg["max_turns"])
 
 
 @dataclass
@@ -381,8 +322,8 @@ def _calibrate_and_write(
 def _keep_token_rollouts(path, results: list[Any], policy: Any, prepared: Prepared) -> dict[str, Any] | None:
     """The admitted attempt's episodes as GRPO token sequences (calibration_rollouts.parquet), with the settings
     they were sampled with (train's reuse_calibration checks them); None for a policy that keeps no tokens."""
+    from trace_cli.agents.token_history import episode_sequence
     from trace_cli.envs.artifact import CALIBRATION_ROLLOUTS, write_calibration_rollouts
-    from trace_cli.training.grpo import episode_sequence
 
     eos = getattr(policy, "eos_id", None)
     if eos is None or not results or not all(r.turns or r.n_actions == 0 for r in results):
@@ -402,18 +343,13 @@ def _keep_token_rollouts(path, results: list[Any], policy: Any, prepared: Prepar
             }
         )
     write_calibration_rollouts(path, rows)
-    cfg, cal = prepared.config, prepared.config["calibration"]
+    cfg = prepared.config
     return {
         "file": CALIBRATION_ROLLOUTS,
         "episodes": len(rows),
         "seeds": len({r["seed"] for r in rows}),
-        "rollouts": cal["rollouts"],
-        "model_digest": prepared.extra["model"].digest,
-        "temperature": cal["temperature"],
-        "top_p": cal["top_p"],
-        "max_new_tokens": cal["max_new_tokens"],
-        "max_completion_length": cal["max_completion_length"],
-        "max_turns": cfg["max_turns"],
+        "rollouts": cfg["calibration"]["rollouts"],
+        **calibration_sampling(cfg).reuse_key(prepared.extra["model"].digest),
     }
 
 

@@ -62,8 +62,8 @@ def fan_out(config: Any, store: Store) -> list[tuple[str, dict[str, Any]]]:
     """(capability, config) per environment of the list, the capability being the one its tasks train (which
     the adapter's summary names, and composition labels its expert by)."""
     from trace_cli.config.frozen import thaw
+    from trace_cli.config.seeds import parse_seeds
     from trace_cli.envs.registry import make_env
-    from trace_cli.stages.eval import parse_seeds
 
     if config.get("capability") is not None:
         raise UsageError("capability: each adapter is for its own environment's capability; drop it")
@@ -172,8 +172,8 @@ def _to_stderr(line_of: Callable[[dict[str, Any]], str | None]) -> Callable[[dic
 
 # ---------------------------------------------------------------------------------------------- sft
 def _prepare_sft(cfg: dict[str, Any], store: Store) -> Prepared:
+    from trace_cli.config.seeds import parse_seeds
     from trace_cli.envs.registry import make_env
-    from trace_cli.stages.eval import parse_seeds
     from trace_cli.training.checks import check_prefix, load_tokenizer
 
     seeds = parse_seeds(cfg["seeds"])
@@ -263,9 +263,9 @@ def _env_train_seeds(env_ref: Any, store: Store) -> str | None:
 
 def _prepare_grpo(cfg: dict[str, Any], store: Store) -> Prepared:
     """Resolve and check everything a GRPO run needs before any compute (training/checks.py grpo_preflight)."""
+    from trace_cli.config.seeds import parse_seeds
     from trace_cli.envs.registry import make_env
-    from trace_cli.stages.eval import parse_seeds
-    from trace_cli.training.checks import grpo_preflight
+    from trace_cli.training.checks import check_report_to, grpo_preflight
 
     resume = bool(cfg.pop("resume", False))  # not part of the id: a resumed run makes the same adapter
     seeds = parse_seeds(cfg["seeds"])
@@ -276,7 +276,7 @@ def _prepare_grpo(cfg: dict[str, Any], store: Store) -> Prepared:
         "GRPO trains a LoRA on a base model (store://model/NAME, an HF dir or a cached hub id), not on",
     )
     checked = grpo_preflight(cfg, seeds, env, model, store)
-    _check_report_to(cfg["report_to"])
+    check_report_to(cfg["report_to"])
     capability = cfg["capability"] or _env_capability(env, seeds[0])
     p = _prepared(cfg, {k: v for k, v in cfg.items() if k not in NOT_IN_ID}, model, store)
     p.extra.update(model=model, seeds=seeds, resume=resume, capability=capability, **checked)
@@ -289,22 +289,12 @@ def _env_capability(env: Any, seed: int) -> str | None:
     return (env.task_metadata() or {}).get("capability")
 
 
-def _check_report_to(report_to: str) -> None:
-    """A live-metrics integration whose package is missing fails before any compute (exit 2)."""
-    import importlib.util
-
-    module = {"tensorboard": "tensorboard", "trackio": "trackio"}.get(report_to)
-    if module and importlib.util.find_spec(module) is None:
-        raise UsageError(
-            f"report_to {report_to}: the {module} package is not installed (pip install {module})"
-        )
-
-
 def _run_grpo(
     prepared: Prepared, store: Store, *, name=None, overrides=None, replace=False
 ) -> dict[str, Artifact]:
     from trace_cli.envs.registry import make_env
     from trace_cli.training import checks
+    from trace_cli.training.calibration_replay import calibration_replay
     from trace_cli.training.checkpoints import WorkDir
     from trace_cli.training.dist import process_group
     from trace_cli.training.grpo import GRPOSpec, train_grpo
@@ -322,7 +312,7 @@ def _run_grpo(
         barrier=group.wait_for_everyone,
     )
     env_ref = cfg["env"]
-    replay, why_not = _calibration_replay(cfg, ref, store, world)
+    replay, why_not = calibration_replay(cfg, ref, store, world)
     if why_not and main:
         print(f"train: not reusing calibration rollouts: {why_not}", file=sys.stderr)
     spec = GRPOSpec.from_config(
@@ -419,55 +409,6 @@ def _publish_snapshots(prepared: Prepared, store: Store, spec, rows, result, wor
                 w.summary["snapshot_of"] = prepared.id
         out[str(n)] = f"store://adapter/{snap.id}"
     return out
-
-
-def _calibration_replay(cfg, ref, store: Store, world: int) -> tuple[list[dict[str, Any]], str | None]:
-    """The calibration episodes the first `reuse_calibration` steps take instead of new rollouts (whole groups of
-    num_generations episodes of one seed, as many as those steps use), and why none are when none are."""
-    from trace_cli.envs.artifact import read_calibration_rollouts
-    from trace_cli.errors import NotFoundError
-
-    n_steps = cfg["reuse_calibration"]
-    if not n_steps:
-        return [], None
-    try:
-        art = store.resolve(cfg["env"], kind="environment") if isinstance(cfg["env"], str) else None
-    except (NotFoundError, UsageError):
-        art = None
-    if art is None:
-        return [], "env is not a synthesized environment artifact"
-    meta = art.summary.get("calibration_rollouts")
-    if not meta:
-        return (
-            [],
-            f"{art.uri} kept no calibration rollouts (calibrated by a policy, or before they were kept)",
-        )
-    want = {
-        "model_digest": ref.digest,
-        "temperature": cfg["temperature"],
-        "top_p": cfg["top_p"],
-        "max_new_tokens": cfg["max_new_tokens"],
-        "max_completion_length": cfg["max_completion_length"],
-        "max_turns": cfg["max_turns"],
-    }
-    other = [f"{k} {meta.get(k)!r} (here {v!r})" for k, v in want.items() if meta.get(k) != v]
-    if cfg["top_k"]:
-        other.append(f"top_k {cfg['top_k']} (calibration samples without)")
-    if other:
-        return [], f"{art.uri} was calibrated with other settings: {', '.join(other)}"
-    if world > 1:
-        return [], "several processes (each would take the same episodes)"
-    g = cfg["num_generations"]
-    per_step = cfg["per_device_batch_size"] * cfg["gradient_accumulation_steps"]
-    by_seed: dict[int, list[dict[str, Any]]] = {}
-    for r in read_calibration_rollouts(art):
-        by_seed.setdefault(r["seed"], []).append(r)
-    groups = [eps[i : i + g] for eps in by_seed.values() for i in range(0, len(eps) - g + 1, g)]
-    episodes = [e for grp in groups for e in grp]
-    usable = min(n_steps, len(episodes) // per_step) * per_step
-    if not usable:
-        return [], f"{len(episodes)} calibration episodes in groups of {g}: fewer than one step's {per_step}"
-    return episodes[:usable], None
 
 
 def _grpo_summary(prepared: Prepared, ref, rows: list[dict[str, Any]], result, world: int) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_cli import __version__
-from trace_cli.errors import NotFoundError, UsageError
+from trace_cli.errors import NotFoundError, UsageError, a
 from trace_cli.store import commit, layout
 from trace_cli.store.hashing import artifact_id, sha256_file, sha256_json
 
@@ -340,7 +340,7 @@ class Artifacts:
                     f"{raw!r}: unknown artifact kind {k!r}; expected one of {', '.join(layout.KINDS)}"
                 )
             if want_kind and k != want_kind:
-                raise UsageError(f"{raw!r} is a {k} reference, but a {want_kind} artifact is needed here")
+                raise UsageError(f"{raw!r} is {a(k)} reference, but {a(want_kind)} artifact is needed here")
             want_kind, ref = k, rest
         kinds = [want_kind] if want_kind else list(layout.KINDS)
         # 1. names

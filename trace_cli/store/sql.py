@@ -44,6 +44,20 @@ _REFUSED = {
     "CALL": "CALL runs a procedure (use SELECT * FROM function(...) for table functions)",
     "UNKNOWN": "statements of a type this DuckDB client does not know (e.g. UPDATE EXTENSIONS) are not allowed",
 }
+# statements DuckDB files under another type than what they do, told apart by their first words
+_REFUSED_BY_WORDS = (
+    (
+        ("pivot",),
+        "PIVOT without an IN list writes: it runs as several statements, the first creating an enum type of "
+        "the pivoted values (list them: PIVOT ... ON col IN ('a', 'b') is a plain SELECT)",
+    ),
+    (
+        ("copy", "from", "database"),
+        "COPY FROM DATABASE attaches and writes a database (it copies one into another)",
+    ),
+    (("checkpoint",), "CHECKPOINT is not read-only: it writes the database file"),
+    (("force", "checkpoint"), "FORCE CHECKPOINT is not read-only: it writes the database file"),
+)
 _HINT = (
     "`trace store sql` is read-only and confined to the store: use SELECT (or DESCRIBE/SHOW/SUMMARIZE) "
     "over the views and tables (see SHOW TABLES); to work on the data elsewhere, open "
@@ -131,7 +145,7 @@ def _check_one(con, st) -> None:
         m = _PRAGMA_RE.match(st.query)
         if m and m.group(1).lower() in _READ_PRAGMAS:
             return
-    why = _REFUSED.get(
+    why = _reason_by_words(st.query) or _REFUSED.get(
         kind,
         "only catalogue PRAGMAs (table_info, show_tables, ...) are allowed"
         if kind == "PRAGMA"
@@ -235,3 +249,19 @@ def _run(con, stmts: list, params: list[Any] | None) -> tuple[list[str], list[tu
     if err is not None:
         raise err
     return box["cols"], box["rows"]
+
+
+def _reason_by_words(query: str) -> str | None:
+    """The refusal reason of a statement recognised by its first words (comments skipped), if any."""
+    import duckdb
+
+    words = []
+    for pos, kind in duckdb.tokenize(query):
+        if kind != duckdb.token_type.comment:
+            words.append(re.match(r"\w*", query[pos:]).group(0).lower())
+        if len(words) == 3:
+            break
+    for start, why in _REFUSED_BY_WORDS:
+        if tuple(words[: len(start)]) == start:
+            return why
+    return None

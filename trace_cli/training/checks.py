@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trace_cli.config.sampling import SamplingSettings
 from trace_cli.errors import UsageError
 
 # real checkpoints (`trace model import`), method sft: a LoRA at 3e-4 (measured on SmolLM2-135M: 2e-3 raised the
@@ -40,7 +41,7 @@ def check_prefix(tok, env_ref: Any, seeds: list[int], store, what: str) -> None:
     from trace_cli.models.chat import prefix_problems
     from trace_cli.training.sft import demonstrations
 
-    demos = demonstrations(env_ref, seeds[:PREFIX_CHECK_SEEDS], set(), store)
+    demos = demonstrations(env_ref, seeds[:PREFIX_CHECK_SEEDS], set(), store, deficit_rate=0.0, seed=0)
     bad = prefix_problems(tok, demos)
     if bad:
         raise UsageError(
@@ -107,11 +108,7 @@ def grpo_preflight(cfg: dict[str, Any], seeds: list[int], env, model, store) -> 
             f"({per_step} episodes / num_generations {g}); widen --seeds"
         )
     _check_snapshots(cfg)
-    if cfg["max_new_tokens"] > cfg["max_completion_length"]:
-        raise UsageError(
-            f"max_new_tokens ({cfg['max_new_tokens']}) exceeds max_completion_length "
-            f"({cfg['max_completion_length']}), the budget of the whole episode"
-        )
+    SamplingSettings.of(cfg)  # its cross-field checks (max_new_tokens within max_completion_length)
     _check_devices(cfg)
     from transformers import AutoConfig
 
@@ -202,3 +199,14 @@ def save_tokenizer(model_dir: Path, dst: Path) -> None:
 
     AutoTokenizer.from_pretrained(model_dir).save_pretrained(dst)
     copy_meta(model_dir, dst)
+
+
+def check_report_to(report_to: str) -> None:
+    """A live-metrics integration whose package is missing fails before any compute (exit 2)."""
+    import importlib.util
+
+    module = {"tensorboard": "tensorboard", "trackio": "trackio"}.get(report_to)
+    if module and importlib.util.find_spec(module) is None:
+        raise UsageError(
+            f"report_to {report_to}: the {module} package is not installed (pip install {module})"
+        )

@@ -40,8 +40,9 @@ def demonstrations(
     seeds: list[int],
     deficits: set[str],
     store: Any = None,
-    deficit_rate: float = 1.0,
-    seed: int = 0,
+    *,
+    deficit_rate: float,
+    seed: int,
 ) -> list[dict[str, Any]]:
     """One replayed demonstration per seed. With deficits, a `deficit_rate` share of them withholds the
     behaviours (1.0 = never shown); a rate below 1 leaves the agent a small chance of the right behaviour,

@@ -60,26 +60,6 @@ def _du(path: Path) -> int:
     return total
 
 
-def _run_in_jail(tmp_path: Path, probe: str, extra_ro: tuple[str, ...] = ()) -> dict:
-    """Plain Python (no child program, no audit hook) in the jail; the probe prints a repr'd dict."""
-    work = tmp_path / "work"
-    work.mkdir(exist_ok=True)
-    fd = jail.seccomp_fd()
-    try:
-        r = subprocess.run(
-            [*jail.command(str(work), fd, extra_ro), jail.interpreter(), "-I", "-S", "-c", probe],
-            pass_fds=(fd,),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-    finally:
-        os.close(fd)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert list(work.iterdir()) == []  # the work tmpfs lives inside the jail only
-    return eval(r.stdout.strip().splitlines()[-1])  # noqa: S307 - our own probe's repr of a dict
-
-
 # ----------------------------------------------------------------------------------------------- item 1
 FILL = """
     n = 0
@@ -157,19 +137,10 @@ def make_env(**params):
 
 
 @pytest.fixture
-def slow_env_store(tmp_path) -> Path:
+def slow_env_store(module_env_store) -> Path:
     """A store with an environment artifact whose module hangs in reset(): `trace eval` on it sits in a
     sandbox call until it is killed."""
-    import yaml
-
-    from trace_cli.store import Store
-
-    st = Store(tmp_path / "store")
-    with st.writer("environment", "synthesize", {"slow": 1}, [], name="slow") as w:
-        (w.path / "module.py").write_text(SLOW_MODULE)
-        doc = {"kind": "environment", "version": 1, "name": "slow", "source": "module", "module": "module.py"}
-        (w.path / "environment.yaml").write_text(yaml.safe_dump({**doc, "params": {}, "max_turns": 4}))
-    return st.root
+    return module_env_store("slow", SLOW_MODULE)
 
 
 def _sandboxes(tmp: Path) -> list[Path]:
@@ -262,7 +233,7 @@ def test_a_sandbox_directory_whose_pid_was_reused_is_stale(tmp_path):
 @pytest.mark.skipif(
     os.uname().machine not in ("x86_64", "aarch64"), reason="syscall numbers for x86_64/aarch64"
 )
-def test_raw_syscalls_are_refused_even_with_ctypes_and_no_audit_hook(tmp_path):
+def test_raw_syscalls_are_refused_even_with_ctypes_and_no_audit_hook(tmp_path, run_in_jail):
     """Defence in depth: hand the probe a working ctypes (a copy of the extension at a path of its own) and
     no audit hook; the seccomp filter alone refuses each call, with EPERM or ENOSYS."""
     origin = importlib.util.find_spec("_ctypes").origin
@@ -284,9 +255,13 @@ def test_raw_syscalls_are_refused_even_with_ctypes_and_no_audit_hook(tmp_path):
         "userfaultfd": (nr["userfaultfd"], 0),
         "memfd_create": (nr["memfd_create"], 0, 0),
         "mount": (nr["mount"], 0, 0, 0, 0, 0),
+        "pidfd_getfd": (nr["pidfd_getfd"], 0, 0, 0),
+        "memfd_secret": (nr["memfd_secret"], 0),
+        "socket AF_VSOCK": (nr["socket"], 40, 1, 0),  # SOCK_STREAM
     }
     if os.uname().machine == "x86_64":
         calls["x32 getpid"] = (0x40000000 | 39,)
+        calls["modify_ldt"] = (nr["modify_ldt"], 0, 0, 0)  # read the LDT
     probe = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(lib)!r})
@@ -294,19 +269,21 @@ def test_raw_syscalls_are_refused_even_with_ctypes_and_no_audit_hook(tmp_path):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.syscall.restype = ctypes.c_long
         out = {{'getpid': libc.syscall({39 if os.uname().machine == "x86_64" else 172})}}
+        out['unix socket'] = libc.syscall({nr["socket"]}, 1, 1, 0)  # AF_UNIX: other families still work
         for name, args in {calls!r}.items():
             ctypes.set_errno(0)
             rc = libc.syscall(*[ctypes.c_long(a) for a in args])
             out[name] = (rc, ctypes.get_errno())
         print(repr(out))
     """)
-    out = _run_in_jail(tmp_path, probe, extra_ro=(str(lib),))
+    out = run_in_jail(probe, extra_ro=(str(lib),))
     assert out.pop("getpid") > 0  # the probe really had ctypes
+    assert out.pop("unix socket") >= 0
     wrong = {k: v for k, v in out.items() if v[0] != -1 or v[1] not in (errno.EPERM, errno.ENOSYS)}
     assert wrong == {}, out
 
 
-def test_no_copy_of_the_masked_extensions_loads_in_the_jail(tmp_path):
+def test_no_copy_of_the_masked_extensions_loads_in_the_jail(run_in_jail):
     """Every `_ctypes`/`_posixsubprocess`/`_multiprocessing`/`_cffi_backend` extension module on the jail's
     filesystem (the system Python's too) reads as empty and does not load under any name."""
     probe = textwrap.dedent("""
@@ -331,7 +308,7 @@ def test_no_copy_of_the_masked_extensions_loads_in_the_jail(tmp_path):
                                 found[p] = type(e).__name__ + (' (empty)' if os.path.getsize(p) == 0 else '')
         print(repr(found))
     """)
-    found = _run_in_jail(tmp_path, probe)
+    found = run_in_jail(probe)
     assert found, "no extension module found to try"
     assert {p: r for p, r in found.items() if not r.endswith("(empty)")} == {}, found
     system = [p for p in jail._masked_files() if not p.startswith(os.path.realpath(sys.base_prefix))]
@@ -340,16 +317,9 @@ def test_no_copy_of_the_masked_extensions_loads_in_the_jail(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------- item 5
-def test_no_dev_shm_no_proc_mem_and_a_bounded_work_tmpfs(tmp_path):
+def test_no_dev_shm_no_proc_mem_and_a_bounded_work_tmpfs(run_in_jail):
     probe = textwrap.dedent("""
         import os
-        out = {}
-        def attempt(name, fn):
-            try:
-                fn()
-                out[name] = 'ALLOWED'
-            except BaseException as e:
-                out[name] = type(e).__name__
         attempt('dev_shm', lambda: open('/dev/shm/x', 'wb').write(b'x'))
         attempt('dev', lambda: open('/dev/x', 'wb').write(b'x'))
         attempt('proc_self_mem', lambda: open('/proc/self/mem', 'r+b'))
@@ -363,7 +333,7 @@ def test_no_dev_shm_no_proc_mem_and_a_bounded_work_tmpfs(tmp_path):
         out['urandom'] = len(open('/dev/urandom', 'rb').read(8))
         print(repr(out))
     """)
-    out = _run_in_jail(tmp_path, probe)
+    out = run_in_jail(probe)
     assert out.pop("dev_null") == 2 and out.pop("urandom") == 8  # the devices still work
     assert {k: v for k, v in out.items() if v == "ALLOWED"} == {}, out
 

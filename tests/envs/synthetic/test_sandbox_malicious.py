@@ -23,7 +23,6 @@ from trace_testing import processes_mentioning, snapshot
 from trace_cli.envs.sandbox import Limits, SandboxViolation, SandboxWorker, check_module, jail
 from trace_cli.envs.sandbox import worker as worker_mod
 from trace_cli.errors import UsageError
-from trace_cli.store import Store
 
 FAST = Limits(cpu_s=2.0, timeout_s=20.0, memory_mb=512)
 TEMPLATE_TAIL = (
@@ -32,14 +31,6 @@ TEMPLATE_TAIL = (
 )
 
 pytestmark = pytest.mark.needs_sandbox
-
-
-@pytest.fixture
-def store_root(tmp_path):
-    st = Store(tmp_path / "store")
-    with st.writer("diagnosis", "diagnose", {"x": 1}, []) as w:
-        (w.path / "capabilities.yaml").write_text("kind: diagnosis\n")
-    return st.root
 
 
 def _module(body: str) -> str:
@@ -169,22 +160,13 @@ def test_malicious_module_is_rejected_and_leaves_no_trace(store_root, tmp_path, 
     assert not Path("/tmp/evil").exists()
 
 
-def test_the_os_layer_holds_without_any_audit_hook(tmp_path):
+def test_the_os_layer_holds_without_any_audit_hook(tmp_path, run_in_jail):
     """Run plain Python (no child program, no hook) in the jail: the namespaces, the read-only view, the
     seccomp filter and the masked extension modules alone stop every escape."""
-    work = tmp_path / "work"
-    work.mkdir()
     outside = tmp_path / "outside.txt"
     probe = textwrap.dedent(f"""
         import os, socket
-        out = {{}}
         out['uid'] = os.getuid()
-        def attempt(name, fn):
-            try:
-                fn()
-                out[name] = 'ALLOWED'
-            except BaseException as e:
-                out[name] = type(e).__name__
         attempt('read_shadow', lambda: open('/etc/shadow').read())
         attempt('read_passwd', lambda: open('/etc/passwd').read())
         attempt('list_root_home', lambda: os.listdir('/root/.ssh'))
@@ -200,19 +182,7 @@ def test_the_os_layer_holds_without_any_audit_hook(tmp_path):
         attempt('write_workdir', lambda: open('ok.txt', 'w').write('x'))
         print(repr(out))
     """)
-    fd = jail.seccomp_fd()
-    try:
-        r = subprocess.run(
-            [*jail.command(str(work), fd), jail.interpreter(), "-I", "-S", "-c", probe],
-            pass_fds=(fd,),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    finally:
-        os.close(fd)
-    assert r.returncode == 0, r.stderr
-    out = eval(r.stdout.strip())  # noqa: S307 - our own probe's repr of a dict of strings
+    out = run_in_jail(probe)
     assert out.pop("uid") == jail.NOBODY
     assert out.pop("write_workdir") == "ALLOWED"
     assert {k: v for k, v in out.items() if v == "ALLOWED"} == {}, out

@@ -12,7 +12,6 @@ from trace_testing import snapshot
 from trace_cli.agents.scripted import ReferencePolicy
 from trace_cli.envs.rollout import rollout
 from trace_cli.envs.sandbox import Limits, SandboxedEnv, SandboxViolation, SandboxWorker, check_module
-from trace_cli.store import Store
 
 GOOD = textwrap.dedent('''
     """A module env built on the shared template base (what an LLM author is shown how to write)."""
@@ -26,15 +25,6 @@ FAST = Limits(cpu_s=1.0, timeout_s=20.0, memory_mb=512)
 
 
 pytestmark = pytest.mark.needs_sandbox
-
-
-@pytest.fixture
-def store_root(tmp_path):
-    """A store with one committed artifact, to show that nothing in it changes."""
-    st = Store(tmp_path / "store")
-    with st.writer("diagnosis", "diagnose", {"x": 1}, []) as w:
-        (w.path / "capabilities.yaml").write_text("kind: diagnosis\n")
-    return st.root
 
 
 def _bad(body: str) -> str:
@@ -61,7 +51,9 @@ def test_good_module_passes_the_template_checks():
 
 def test_sandboxed_env_runs_in_the_rollout_loop():
     with SandboxWorker(GOOD, FAST) as w:
-        res = rollout(ReferencePolicy(), lambda: SandboxedEnv(w, {"level": 2}), [(s, 0) for s in range(6)])
+        res = rollout(
+            ReferencePolicy(), lambda: SandboxedEnv(w, {"level": 2}), [(s, 0) for s in range(6)], max_turns=12
+        )
     assert all(r.success and r.reward == 1.0 for r in res)
     assert res[0].env == "synthetic-precondition_verification"
 

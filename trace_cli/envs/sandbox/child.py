@@ -11,7 +11,11 @@ filter that refuses new processes. This program adds, before the untrusted modul
   reach and change: its allow-lists are frozensets captured in a closure, and the first blocked action is
   reported straight to the protocol descriptor and ends the process (`os._exit`), so a module that catches
   the PermissionError is still rejected. Introspection that could reach the hook (frames, gc object search,
-  changing function code) is blocked too.
+  changing function code) is blocked too, and so are sub-interpreters (they run under no hook). The jail,
+  not this hook, is the security boundary: the hook runs in the module's own interpreter;
+* no bytecode cache: every import after the hook compiles from source (no .pyc is looked for or loaded);
+* after every call, any signal handler or interval timer the module left is undone and reported as a
+  violation (with the parent freezing the process between calls, nothing of the module runs then).
 """
 
 import json
@@ -77,28 +81,11 @@ _PROC = frozenset(
 )
 _PATH_EVENTS = frozenset(
     {
-        "os.remove",
-        "os.rmdir",
-        "os.rename",
-        "os.mkdir",
-        "os.chmod",
-        "os.chown",
-        "os.link",
-        "os.symlink",
-        "os.truncate",
-        "os.utime",
-        "os.chflags",
-        "os.lchflags",
-        "os.mkfifo",
-        "os.mknod",
-        "shutil.rmtree",
-        "shutil.copyfile",
-        "shutil.move",
-        "shutil.chown",
-        "os.setxattr",
-        "os.removexattr",
+        "os.remove", "os.rmdir", "os.rename", "os.mkdir", "os.chmod", "os.chown", "os.link", "os.symlink",
+        "os.truncate", "os.utime", "os.chflags", "os.lchflags", "os.mkfifo", "os.mknod", "shutil.rmtree",
+        "shutil.copyfile", "shutil.move", "shutil.chown", "os.setxattr", "os.removexattr",
     }
-)
+)  # fmt: skip
 _PROC_PREFIXES = (
     "subprocess.",
     "os.exec",
@@ -130,66 +117,41 @@ _INTROSPECTION = frozenset(
 )
 
 
-# raw bytecode: imports after the hook never need these, because the child points sys.pycache_prefix at a
-# directory that does not exist before installing the hook (modules imported later compile from source);
-# marshal.loads stays allowed where trusted code calls it directly (the envs deep-copy JSON-like state
-# with it), decided by the identity of the calling code object
+# raw bytecode (CodeType(...), code.replace, marshal) is refused in every caller: imports after the hook compile
+# from source (the child turns the bytecode cache off), and trusted code never unmarshals anything
 _CODE_EVENTS = frozenset({"code.__new__", "marshal.loads", "marshal.load"})
-_MARSHAL_USERS = ("trace_cli.envs.shop.env", "trace_cli.envs.synthetic.base")
+# sub-interpreters run code under no audit hook at all, and CPython's test modules can start one (or poke
+# at memory): refused by name and, whatever module starts one, when the interpreter is created
+_SUBINTERP = frozenset(
+    {
+        "_xxsubinterpreters", "_interpreters", "_xxinterpchannels", "_interpchannels", "_interpqueues",
+        "_testcapi", "_testinternalcapi", "_testmultiphase", "_testsinglephase", "_testbuffer",
+        "_testimportmultiple", "_testclinic", "_ctypes_test", "_xxtestfuzz",
+    }
+)  # fmt: skip
 
 
-def _trusted_code(module_names):
-    """The code objects of every function and method defined in the named (already imported) modules."""
-    out = []
-    for name in module_names:
-        mod = sys.modules.get(name)
-        if mod is None:
-            continue
-        for obj in list(vars(mod).values()):
-            members = [obj]
-            if isinstance(obj, type) and getattr(obj, "__module__", None) == name:
-                members = list(vars(obj).values())
-            for m in members:
-                for fn in (m, getattr(m, "__func__", None), getattr(m, "fget", None)):
-                    code = getattr(fn, "__code__", None)
-                    if code is not None and getattr(fn, "__module__", None) == name:
-                        out.append(code)
-    return tuple(out)
-
-
-def _make_hook(proto_fd, workdir, read_roots, trusted_code=()):
+def _make_hook(proto_fd, workdirs, read_roots):
     """The audit hook. Everything it uses is bound here, in its closure: the module can rebind module
     globals, builtins and `os` functions, but not these (no function object of the hook is reachable)."""
     import pathlib
 
-    _write, _exit, _dumps, _fsdecode = os.write, os._exit, json.dumps, os.fsdecode
+    _write, _exit, _dumps, _fsdecode, _getcwd = os.write, os._exit, json.dumps, os.fsdecode, os.getcwd
     _type, _str, _int, _bytes, _any, _len, _tuple, _bool = type, str, int, bytes, any, len, tuple, bool
-    net, proc, path_events, proc_prefixes, proc_events, introspection = (
+    net, proc, path_events, proc_prefixes, proc_events, introspection, subinterp = (
         _NET,
         _PROC,
         _PATH_EVENTS,
         _PROC_PREFIXES,
         _PROC_EVENTS,
         _INTROSPECTION,
+        _SUBINTERP,
     )
     pathlib_types = (pathlib.PosixPath, pathlib.PurePosixPath)
     code_events = _CODE_EVENTS
-    _getframe = sys._getframe
-    trusted = _tuple(trusted_code)  # strong references: their identities cannot be reused
-
-    def called_from_trusted_code():
-        # frame 0 is this function, 1 reason_for, 2 the hook, 3 the Python code that made the call
-        try:
-            code = _getframe(3).f_code
-        except ValueError:
-            return False
-        for c in trusted:
-            if c is code:
-                return True
-        return False
-
+    function_parts = ("__code__", "__closure__")
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-    wd = (workdir,)
+    wd = _tuple(workdirs)
     roots = _tuple(read_roots)
 
     def as_text(path):
@@ -203,11 +165,17 @@ def _make_hook(proto_fd, workdir, read_roots, trusted_code=()):
         return None
 
     def normalized(text):
-        # pure string normalisation against the sandbox directory (the module cannot chdir: os.chdir is
-        # blocked); no filesystem calls, so patched os functions cannot steer it. Symlinks cannot point out:
-        # creating one that does is blocked, and the OS sandbox is the real boundary anyway.
+        # string normalisation against the process's real working directory (the C getcwd bound above, not
+        # the sandbox directory it should be: os.chdir is blocked, but a way around that must not make
+        # relative paths pass); no other filesystem call, so patched os functions cannot steer it. Symlinks
+        # cannot point out: creating one that does is blocked, and the OS sandbox is the boundary anyway.
         parts = []
-        for part in (text if text.startswith("/") else workdir + "/" + text).split("/"):
+        if not text.startswith("/"):
+            try:
+                text = _getcwd() + "/" + text
+            except OSError:  # the working directory is gone: nothing relative is inside anything
+                return "/"
+        for part in text.split("/"):
             if part == "..":
                 if parts:
                     parts.pop()
@@ -231,7 +199,11 @@ def _make_hook(proto_fd, workdir, read_roots, trusted_code=()):
                 return f"network access is not allowed (import {top})"
             if top.split(".")[0] in proc:
                 return f"module {top} is not allowed (processes, ctypes)"
+            if top.split(".")[0] in subinterp:
+                return f"module {top} is not allowed (sub-interpreters and CPython's test modules)"
             return None
+        if event == "cpython.PyInterpreterState_New":
+            return "starting a sub-interpreter is not allowed (it runs without this audit hook)"
         if event == "open":
             path, mode, flags = (
                 args[0],
@@ -262,9 +234,9 @@ def _make_hook(proto_fd, workdir, read_roots, trusted_code=()):
             return "changing resource limits is not allowed"
         if event in introspection:
             return f"introspection of the interpreter is not allowed ({event})"
-        if event == "object.__setattr__" and _len(args) > 1 and args[1] in ("__code__", "__closure__"):
+        if event == "object.__setattr__" and _len(args) > 1 and args[1] in function_parts:
             return f"changing a function's code is not allowed ({args[1]})"
-        if event in code_events and not (event == "marshal.loads" and called_from_trusted_code()):
+        if event in code_events:
             # hand-made bytecode (CodeType(...), code.replace, marshal) can crash the interpreter or read
             # and write its memory; source that the compiler turns into bytecode stays allowed
             return f"building code objects from raw bytecode is not allowed ({event})"
@@ -282,21 +254,7 @@ def _make_hook(proto_fd, workdir, read_roots, trusted_code=()):
     return hook
 
 
-def main():
-    workdir, module_path, cfg, pkg_root = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
-    sys.path.insert(0, pkg_root)
-    os.chdir(workdir)
-    _limits(cfg)
-    proto_fd = os.dup(1)
-    os.dup2(2, 1)  # the module's prints go to stderr, never into the protocol
-    requests = sys.stdin
-    import dataclasses
-    import types
-
-    with open(module_path, encoding="utf-8") as f:  # read and compiled before the hook, run after it
-        code = compile(f.read(), module_path, "exec")
-
-    pkg_dir = _trusted_imports()
+def _read_roots(workdir, module_path, pkg_dir, pkg_root):
     real, absolute = os.path.realpath, os.path.abspath
     allowed = [
         workdir,
@@ -308,17 +266,18 @@ def main():
         sys.base_exec_prefix,
     ]
     allowed += [p for p in sys.path if p and os.path.isdir(p) and real(p) != real(pkg_root)]
-    read_roots = {"/dev/null", "/dev/urandom"} | {real(p) for p in allowed} | {absolute(p) for p in allowed}
-    # the hook compares normalised (not resolved) paths, so the working directory is given as the module
-    # sees it, and the real path of it too
-    # later imports compile from source instead of reading .pyc files (marshal.loads is refused below);
-    # the prefix cannot be created: everything but the work directory is read-only
-    sys.pycache_prefix = "/nonexistent-trace-pycache"
-    sys.addaudithook(
-        _make_hook(proto_fd, absolute(workdir), frozenset(read_roots), _trusted_code(_MARSHAL_USERS))
+    # the hook compares normalised (not resolved) paths, so each is given as the module sees it and real
+    return frozenset(
+        {"/dev/null", "/dev/urandom"} | {real(p) for p in allowed} | {absolute(p) for p in allowed}
     )
-    envs = {}
-    loaded = []
+
+
+def _dispatcher(code, module_path):
+    """dispatch(req) -> the plain result of one request; the module is executed on the first `new`."""
+    import dataclasses
+    import types
+
+    envs, loaded = {}, []
 
     def plain(x):
         if dataclasses.is_dataclass(x) and not isinstance(x, type):
@@ -334,72 +293,145 @@ def main():
             loaded.append(mod)
         return loaded[0]
 
+    def new(params):
+        mod = load()
+        make = getattr(mod, "make_env", None) or getattr(mod, "Env", None)
+        if make is None:
+            raise AttributeError("the module defines neither make_env(**params) nor a class Env")
+        env = make(**(params or {}))
+        h = len(envs) + 1
+        while h in envs:
+            h += 1
+        envs[h] = env
+        return {
+            "handle": h,
+            "name": str(getattr(env, "name", "module")),
+            "max_turns": int(getattr(env, "max_turns", 12)),
+        }
+
+    calls = {
+        "reset": lambda env, req: plain(env.reset(int(req["seed"]))),
+        "step": lambda env, req: plain(env.step(req["action"])),
+        "verify": lambda env, req: plain(env.verify()),
+        "task_metadata": lambda env, req: plain(env.task_metadata()),
+        "reference_actions": lambda env, req: [plain(a) for a in env.reference_actions()],
+    }
+
     def dispatch(req):
         op = req["op"]
         if op == "ping":
             return "pong"
         if op == "new":
-            mod = load()
-            make = getattr(mod, "make_env", None) or getattr(mod, "Env", None)
-            if make is None:
-                raise AttributeError("the module defines neither make_env(**params) nor a class Env")
-            env = make(**(req.get("params") or {}))
-            h = len(envs) + 1
-            while h in envs:
-                h += 1
-            envs[h] = env
-            return {
-                "handle": h,
-                "name": str(getattr(env, "name", "module")),
-                "max_turns": int(getattr(env, "max_turns", 12)),
-            }
+            return new(req.get("params"))
         env = envs[req["handle"]]
         if op == "del":
             envs.pop(req["handle"], None)
             return None
-        if op == "reset":
-            return plain(env.reset(int(req["seed"])))
-        if op == "step":
-            return plain(env.step(req["action"]))
-        if op == "verify":
-            return plain(env.verify())
-        if op == "task_metadata":
-            return plain(env.task_metadata())
-        if op == "reference_actions":
-            return [plain(a) for a in env.reference_actions()]
-        raise ValueError(f"unknown op {op!r}")
+        if op not in calls:
+            raise ValueError(f"unknown op {op!r}")
+        return calls[op](env, req)
 
+    return dispatch
+
+
+def _signal_state():
+    """What a call may not leave behind, all immutable: (C functions of `_signal` bound now, (signal, handler
+    before the module ran, name) for each signal, (timer, name) for each interval timer). The module can
+    rebind `signal.*` and what the `signal` wrappers use, and reach this tuple through frames; not change it."""
+    import _signal
+    import signal
+
+    known = signal.Signals._value2member_map_
+    handlers = tuple(
+        (s, _signal.getsignal(s), known[s].name if s in known else str(s))
+        for s in sorted(_signal.valid_signals())
+    )
+    timers = tuple((getattr(_signal, t), t) for t in ("ITIMER_REAL", "ITIMER_VIRTUAL", "ITIMER_PROF"))
+    return (_signal.getsignal, _signal.signal, _signal.getitimer, _signal.setitimer), handlers, timers
+
+
+def _left_behind(state):
+    """Undo every signal handler and interval timer the call left behind (so none can run module code between
+    calls) and name the first; None when there was none. Only its arguments are used: no globals, no closure."""
+    (getsignal, set_handler, getitimer, setitimer), handlers, timers = state
+    found = None
+    for sig, handler, name in handlers:
+        if getsignal(sig) is not handler:
+            set_handler(sig, handler)
+            found = found or f"a handler for {name}"
+    for which, name in timers:
+        if getitimer(which) != (0.0, 0.0):
+            setitimer(which, 0.0)
+            found = found or f"an interval timer ({name})"
+    return found
+
+
+def _reply(dispatch, req, traceback_text):
+    try:
+        return {"ok": True, "result": dispatch(req)}
+    except MemoryError:
+        return {"ok": False, "etype": "MemoryError", "error": "memory limit exceeded"}
+    except BaseException as e:  # noqa: BLE001 - every error of the module goes back to the parent
+        reply = {
+            "ok": False,
+            "etype": type(e).__name__,
+            "error": str(e)[:500],
+            "trace": traceback_text()[-3000:],
+        }
+        if isinstance(e, OSError) and isinstance(e.errno, int):
+            reply["errno"] = e.errno
+        return reply
+
+
+def main():
+    workdir, module_path, cfg, pkg_root = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
+    sys.path.insert(0, pkg_root)
+    os.chdir(workdir)
+    _limits(cfg)
+    proto_fd = os.dup(1)
+    os.dup2(2, 1)  # the module's prints go to stderr, never into the protocol
+    requests, loads, dumps, write, answer_bytes = (
+        sys.stdin,
+        json.loads,
+        json.dumps,
+        os.write,
+        cfg["answer_bytes"],
+    )
+    with open(module_path, encoding="utf-8") as f:  # read and compiled before the hook, run after it
+        code = compile(f.read(), module_path, "exec")
+    read_roots = _read_roots(workdir, module_path, _trusted_imports(), pkg_root)
+    # no bytecode cache at all: later imports compile from source and never look for a .pyc (marshal.loads
+    # is refused, and a cache path outside the read roots would be a false alarm on every stdlib import)
+    sys.implementation.cache_tag = None
+    sys.pycache_prefix = None
+    dispatch, state, reply_of = _dispatcher(code, module_path), _signal_state(), _reply
+    left_behind, trace_text = _left_behind, traceback.format_exc
+    workdirs = (os.path.abspath(workdir), os.path.realpath(workdir))
+    sys.addaudithook(_make_hook(proto_fd, workdirs, read_roots))
+    # no call id (the module could read it here): answers carry the count of requests read, and the parent
+    # sends one request at a time and freezes this process between calls (see `protocol.py`)
+    n = 0
     for line in requests:
-        req = json.loads(line)
-        call_id = req.get("id")  # echoed: the parent accepts only the answer to the call it made
-        try:
-            reply = {"ok": True, "id": call_id, "result": dispatch(req)}
-        except MemoryError:
-            reply = {"ok": False, "id": call_id, "etype": "MemoryError", "error": "memory limit exceeded"}
-        except BaseException as e:  # noqa: BLE001 - every error of the module goes back to the parent
+        n += 1
+        reply = reply_of(dispatch, loads(line), trace_text)
+        reply["n"] = n
+        left = left_behind(state)
+        if left:
             reply = {
                 "ok": False,
-                "id": call_id,
-                "etype": type(e).__name__,
-                "error": str(e)[:500],
-                "trace": traceback.format_exc()[-3000:],
+                "violation": f"the module left {left} installed; a sandboxed module may not run between calls",
             }
-            if isinstance(e, OSError) and isinstance(e.errno, int):
-                reply["errno"] = e.errno
         try:
-            text = json.dumps(reply, default=str)
+            text = dumps(reply, default=str)
         except BaseException as e:  # noqa: BLE001
-            text = json.dumps(
-                {
-                    "ok": False,
-                    "id": call_id,
-                    "etype": type(e).__name__,
-                    "error": f"unserialisable result: {e}",
-                }
+            text = dumps(
+                {"ok": False, "n": n, "etype": type(e).__name__, "error": f"unserialisable result: {e}"}
             )
-        data = (text + "\n").encode()
+        if len(text) > answer_bytes:  # ASCII JSON: characters are bytes; the parent refuses it all the same
+            text = dumps({"ok": False, "n": n, "too_large": len(text)})
+        data = memoryview((text + "\n").encode())  # slices of a view copy nothing: linear in the answer
         while data:
-            data = data[os.write(proto_fd, data) :]
+            data = data[write(proto_fd, data) :]
 
 
 if __name__ == "__main__":

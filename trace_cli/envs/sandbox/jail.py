@@ -4,13 +4,14 @@
 network, ipc, uts and cgroup namespaces, as uid/gid 65534 (nobody), with:
   * a filesystem that holds only what the child needs, read-only: /usr and the loader's libraries, the
     Python installation, and the trace_cli package directory (nothing else of the repository or the store);
-    the working directory is a private tmpfs of fixed size (`work_mb`, the only writable place: a module
-    that fills it gets ENOSPC and nothing on the host grows); a minimal /dev mounted read-only (so no
-    /dev/shm, which would be a host-sized tmpfs outside every limit); no /proc at all (so no
-    /proc/self/mem to rewrite the interpreter's own memory with); no /etc, /home, /root or /tmp;
-  * every copy of the extension modules behind ctypes, cffi, subprocess and multiprocessing that lies on
-    the jail's filesystem (the interpreter's own, the system Python's lib-dynload and dist-packages, ...)
-    replaced by /dev/null, so none can be loaded under any name;
+    the working directory is a private tmpfs of fixed size and inode count (`work_mb`, WORK_INODES; mounted
+    noexec, so nothing written there loads as native code), the only writable place: a module that fills it
+    gets ENOSPC and nothing on the host grows; a minimal /dev mounted read-only (so no /dev/shm, which would
+    be a host-sized tmpfs outside every limit); no /proc at all (so no /proc/self/mem to rewrite the
+    interpreter's own memory with); no /etc, /home, /root or /tmp;
+  * every Python extension module on the jail's filesystem, whatever Python installation it belongs to and
+    wherever it lies, replaced by /dev/null, but an allow-list of the interpreter's own (SAFE_EXTENSIONS), so
+    ctypes, cffi, subprocess, multiprocessing, sub-interpreters and the like load under no name;
   * `--die-with-parent` and a new session: the child dies with the CLI and cannot reach its terminal;
     `--disable-userns` where bwrap has it;
   * a seccomp filter (classic BPF, built here) that refuses fork, vfork, clone without CLONE_THREAD, clone3
@@ -18,8 +19,9 @@ network, ipc, uts and cgroup namespaces, as uid/gid 65534 (nobody), with:
     limit of one holds by construction, whatever the user namespace does to RLIMIT_NPROC; and the kernel
     interfaces a module never needs and that widen the attack surface or escape the limits: unshare, setns
     and the mount calls (nested namespaces), io_uring, bpf, the key-ring calls, perf_event_open,
-    userfaultfd, memfd_create (memory outside RLIMIT_AS), module loading and kexec, process_vm_*; and on
-    x86_64 every x32-ABI number (same audit arch, different numbers).
+    userfaultfd, memfd_create and memfd_secret (memory outside RLIMIT_AS), pidfd_getfd, modify_ldt, AF_VSOCK
+    sockets, module loading and kexec, process_vm_*; and on x86_64 every x32-ABI number (same audit arch,
+    different numbers).
 Memory, file-size and CPU limits are rlimits set by the child (see `child.py`) before the module is loaded.
 
 Where bwrap is missing or cannot create namespaces (some containers), `available()` is False and callers
@@ -28,9 +30,9 @@ refuse untrusted modules unless the user explicitly accepts running them with th
 
 from __future__ import annotations
 
-import glob
 import importlib.util
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -49,101 +51,102 @@ _RET_ALLOW, _RET_ERRNO, _RET_KILL = 0x7FFF0000, 0x00050000, 0x80000000
 _EPERM, _ENOSYS = 1, 38
 _CLONE_THREAD = 0x00010000
 _X32_SYSCALL_BIT = 0x40000000
-# refused with EPERM (besides fork/vfork/clone-as-fork); clone3 gets ENOSYS (libc then uses clone)
+_AF_VSOCK = 40
+# refused with EPERM (besides fork/vfork/clone-as-fork and AF_VSOCK sockets); clone3 gets ENOSYS (libc then
+# uses clone); names an architecture does not have (modify_ldt off x86) are skipped
 DENIED = (
     "fork", "vfork", "ptrace", "unshare", "setns", "mount", "umount2", "pivot_root", "chroot",
     "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
     "io_uring_setup", "io_uring_enter", "io_uring_register", "bpf", "keyctl", "add_key", "request_key",
     "perf_event_open", "userfaultfd", "memfd_create", "process_vm_readv", "process_vm_writev",
     "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "open_by_handle_at",
+    "pidfd_getfd", "memfd_secret", "modify_ldt",
 )  # fmt: skip
-_ARCH = {
-    "x86_64": (
-        0xC000003E,
-        {
-            "clone": 56, "fork": 57, "vfork": 58, "ptrace": 101, "chroot": 161, "pivot_root": 155,
-            "mount": 165, "umount2": 166, "init_module": 175, "delete_module": 176, "kexec_load": 246,
-            "add_key": 248, "request_key": 249, "keyctl": 250, "unshare": 272, "perf_event_open": 298,
-            "open_by_handle_at": 304, "setns": 308, "process_vm_readv": 310, "process_vm_writev": 311,
-            "finit_module": 313, "memfd_create": 319, "kexec_file_load": 320, "bpf": 321, "userfaultfd": 323,
-            "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428,
-            "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "clone3": 435,
-            "mount_setattr": 442,
-        },
-    ),
-    "aarch64": (
-        0xC00000B7,
-        {
-            "umount2": 39, "mount": 40, "pivot_root": 41, "chroot": 51, "unshare": 97, "init_module": 105,
-            "delete_module": 106, "kexec_load": 104, "ptrace": 117, "add_key": 217, "request_key": 218,
-            "keyctl": 219, "clone": 220, "perf_event_open": 241, "open_by_handle_at": 265, "setns": 268,
-            "process_vm_readv": 270, "process_vm_writev": 271, "finit_module": 273, "memfd_create": 279,
-            "bpf": 280, "userfaultfd": 282, "kexec_file_load": 294, "io_uring_setup": 425,
-            "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428, "move_mount": 429,
-            "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "clone3": 435, "mount_setattr": 442,
-        },
-    ),
+# (x86_64, aarch64) numbers of the calls the filter names; None where the architecture has no such call
+_NUMBERS = {
+    "socket": (41, 198), "clone": (56, 220), "fork": (57, None), "vfork": (58, None), "ptrace": (101, 117),
+    "modify_ldt": (154, None), "pivot_root": (155, 41), "chroot": (161, 51), "mount": (165, 40),
+    "umount2": (166, 39), "init_module": (175, 105), "delete_module": (176, 106), "kexec_load": (246, 104),
+    "add_key": (248, 217), "request_key": (249, 218), "keyctl": (250, 219), "unshare": (272, 97),
+    "perf_event_open": (298, 241), "open_by_handle_at": (304, 265), "setns": (308, 268),
+    "process_vm_readv": (310, 270), "process_vm_writev": (311, 271), "finit_module": (313, 273),
+    "memfd_create": (319, 279), "kexec_file_load": (320, 294), "bpf": (321, 280), "userfaultfd": (323, 282),
+    # the generic table from 425 on is the same everywhere
+    "io_uring_setup": (425, 425), "io_uring_enter": (426, 426), "io_uring_register": (427, 427),
+    "open_tree": (428, 428), "move_mount": (429, 429), "fsopen": (430, 430), "fsconfig": (431, 431),
+    "fsmount": (432, 432), "fspick": (433, 433), "clone3": (435, 435), "pidfd_getfd": (438, 438),
+    "mount_setattr": (442, 442), "memfd_secret": (447, 447),
 }  # fmt: skip
+# machine: (audit arch, {call: number})
+_ARCH = {
+    machine: (arch, {name: nrs[i] for name, nrs in _NUMBERS.items() if nrs[i] is not None})
+    for i, (machine, arch) in enumerate((("x86_64", 0xC000003E), ("aarch64", 0xC00000B7)))
+}
 
 
 def _ins(code: int, jt: int, jf: int, k: int) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k)
 
 
+def _assemble(lines: list[tuple]) -> bytes:
+    """Classic BPF from (label or None, opcode, k, jump-if-true label, jump-if-false label): a jump label of
+    None means the next instruction; jumps only go forward, at most 255 instructions."""
+    where = {label: i for i, (label, *_rest) in enumerate(lines) if label}
+    out = []
+    for i, (_label, op, k, jt, jf) in enumerate(lines):
+        offsets = [0 if t is None else where[t] - i - 1 for t in (jt, jf)]
+        if not all(0 <= o <= 255 for o in offsets):
+            raise AssertionError("seccomp program too long for its jumps")
+        out.append(_ins(op, offsets[0], offsets[1], k))
+    return b"".join(out)
+
+
 def seccomp_program(machine: str | None = None) -> bytes:
-    """The filter as bytes (what `bwrap --seccomp FD` reads): refuse new processes, ptrace and the calls in
-    DENIED, allow the rest."""
+    """The filter as bytes (what `bwrap --seccomp FD` reads): refuse new processes, ptrace, AF_VSOCK sockets
+    and the calls in DENIED, allow the rest."""
     machine = machine or os.uname().machine
     if machine not in _ARCH:
         raise OSError(f"no seccomp filter for architecture {machine}")
     arch, nr = _ARCH[machine]
-    denied = sorted({nr[n] for n in DENIED if n in nr})
-    prog = [
-        _ins(_LD_W_ABS, 0, 0, 4),
-        _ins(_JEQ, 1, 0, arch),
-        _ins(_RET, 0, 0, _RET_KILL),
-        _ins(_LD_W_ABS, 0, 0, 0),
-    ]
-    # tail (in this order): [ld arg0] [jset thread] [EPERM] [ENOSYS] [ALLOW]; a jump offset k from
-    # instruction i lands on i + 1 + k, so from the instruction j places before the tail's EPERM (j = 1 is
-    # the one right before it) EPERM is k = j - 1 away, ENOSYS k = j and ALLOW k = j + 1
-    checks: list[tuple[int, int, str]] = []  # (opcode, k, target) in program order
+    lines: list[tuple] = [(None, _LD_W_ABS, 4, None, None), (None, _JEQ, arch, None, "kill")]
+    lines.append((None, _LD_W_ABS, 0, None, None))
     if machine == "x86_64":
-        checks.append((_JGE, _X32_SYSCALL_BIT, "enosys"))  # an x32 number: none is allowed
-    checks += [(_JEQ, n, "eperm") for n in denied]
-    checks.append((_JEQ, nr["clone3"], "enosys"))
-    n_checks = len(checks)
-    for i, (op, k, target) in enumerate(checks):
-        # instructions from this check to the tail's EPERM: the remaining checks, the clone check, the
-        # ld and the jset (so EPERM is `left` instructions after the next one)
-        left = (n_checks - i - 1) + 1 + 2
-        jump = {"eperm": left, "enosys": left + 1}[target]
-        prog.append(_ins(op, jump, 0, k))
-    prog.append(_ins(_JEQ, 0, 4, nr["clone"]))  # not clone -> ALLOW
-    prog.append(_ins(_LD_W_ABS, 0, 0, 16))  # clone flags (low 32 bits of args[0])
-    prog.append(_ins(_JSET, 2, 0, _CLONE_THREAD))  # a thread -> ALLOW
-    prog.append(_ins(_RET, 0, 0, _RET_ERRNO | _EPERM))
-    prog.append(_ins(_RET, 0, 0, _RET_ERRNO | _ENOSYS))
-    prog.append(_ins(_RET, 0, 0, _RET_ALLOW))
-    if len(prog) > 250:  # 8-bit jump offsets
-        raise AssertionError("seccomp program too long for its jumps")
-    return b"".join(prog)
+        lines.append((None, _JGE, _X32_SYSCALL_BIT, "enosys", None))  # an x32 number: none is allowed
+    lines += [(None, _JEQ, n, "eperm", None) for n in sorted({nr[n] for n in DENIED if n in nr})]
+    lines += [(None, _JEQ, nr["clone3"], "enosys", None), (None, _JEQ, nr["socket"], "socket", None)]
+    lines += [
+        (None, _JEQ, nr["clone"], None, "allow"),
+        (None, _LD_W_ABS, 16, None, None),  # clone flags (low 32 bits of args[0])
+        (None, _JSET, _CLONE_THREAD, "allow", "eperm"),  # only a thread
+        ("socket", _LD_W_ABS, 16, None, None),  # the address family
+        (None, _JEQ, _AF_VSOCK, "eperm", "allow"),
+        ("eperm", _RET, _RET_ERRNO | _EPERM, None, None),
+        ("enosys", _RET, _RET_ERRNO | _ENOSYS, None, None),
+        ("allow", _RET, _RET_ALLOW, None, None),
+        ("kill", _RET, _RET_KILL, None, None),
+    ]
+    return _assemble(lines)
 
 
 # --- the filesystem view -----------------------------------------------------------------------------------
-# extension modules that would give the module native calls or new processes: masked wherever they lie
-MASKED_MODULES = ("_ctypes", "_posixsubprocess", "_multiprocessing", "_cffi_backend")
-# where Python extension modules live under a read-only root (a Python installation's lib-dynload and
-# site-/dist-packages, Debian's shared dist-packages, /usr/local's)
-_EXTENSION_DIRS = (
-    "lib*/python*/lib-dynload",
-    "lib*/python*/site-packages",
-    "lib*/python*/dist-packages",
-    "local/lib*/python*/lib-dynload",
-    "local/lib*/python*/site-packages",
-    "local/lib*/python*/dist-packages",
-)
+# Python extension modules are native code the audit hook cannot follow, and any of them loads under any name
+# (`ExtensionFileLoader(name, path)`), so every file on the jail's read-only view that is one (named with a
+# CPython extension suffix of any version, or plain `.so` under a python*/ tree, or a libpython, which holds
+# the built-in modules of its build) is replaced by /dev/null, except the interpreter's own libpython and
+# these standard extensions of its own lib-dynload: plain computation, hashing, compression and parsing
+SAFE_EXTENSIONS = frozenset(
+    {
+        "_bisect", "_blake2", "_bz2", "_codecs_cn", "_codecs_hk", "_codecs_iso2022", "_codecs_jp",
+        "_codecs_kr", "_codecs_tw", "_contextvars", "_csv", "_datetime", "_decimal", "_elementtree",
+        "_hashlib", "_heapq", "_json", "_lzma", "_md5", "_multibytecodec", "_opcode", "_pickle", "_queue",
+        "_random", "_sha1", "_sha256", "_sha3", "_sha512", "_statistics", "_struct", "_typing", "_uuid",
+        "_zoneinfo", "array", "binascii", "cmath", "math", "pyexpat", "resource", "select", "unicodedata",
+        "zlib", "_socket",
+    }
+)  # fmt: skip
+_EXTENSION_NAME = re.compile(r"\.(cpython-[^./]*|abi3|pypy[^./]*)\.so$|^libpython[^/]*\.so")
 WORK_TMPFS_MODE = "0700"
+WORK_INODES = 4096  # files and directories in the work tmpfs, all together (each costs kernel memory)
 
 
 def interpreter() -> str:
@@ -156,40 +159,50 @@ def package_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.realpath(trace_cli.__file__)))
 
 
-def _is_masked_name(filename: str) -> bool:
-    stem = filename.split(".", 1)[0]
-    return stem in MASKED_MODULES and filename != stem and not filename.endswith((".py", ".pyi", ".pyc"))
+def _extensions_under(root: str) -> list[str]:
+    """Every regular file under `root` (symlinks not followed) that is a Python extension module by name."""
+    out, todo = [], [root]
+    while todo:
+        d = todo.pop()
+        try:
+            entries = list(os.scandir(d))
+        except OSError:
+            continue
+        for e in entries:
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    todo.append(e.path)
+                elif e.is_file(follow_symlinks=False) and (
+                    _EXTENSION_NAME.search(e.name) or (e.name.endswith(".so") and "/python" in d)
+                ):
+                    out.append(e.path)
+            except OSError:
+                continue
+    return out
+
+
+def _own_libpython() -> set[str]:
+    try:
+        maps = Path("/proc/self/maps").read_text().split("\n")
+    except OSError:
+        return set()
+    return {os.path.realpath(m.split()[-1]) for m in maps if "/libpython" in m}
 
 
 @cache
 def _masked_files() -> tuple[str, ...]:
-    """Every file on the jail's read-only view that is one of MASKED_MODULES as an extension module: the
-    interpreter's own, and any other Python installation's (the system Python's lib-dynload holds a
-    `_ctypes` of the same ABI that `ExtensionFileLoader` would load under any name)."""
-    out = set()
-    for name in MASKED_MODULES:
-        spec = importlib.util.find_spec(name)
-        origin = spec.origin if spec else None
-        if origin and os.path.isfile(origin):  # built into the interpreter: the seccomp filter still holds
-            out.add(os.path.realpath(origin))
-    dirs: set[str] = set()
-    for root in _ro_dirs():
-        real = os.path.realpath(root)
-        for pattern in _EXTENSION_DIRS:
-            dirs.update(glob.glob(os.path.join(real, pattern)))
-    for p in sys.path:  # the interpreter's own path entries inside the read-only view
-        if p and os.path.isdir(p) and any(_under(os.path.realpath(p), r) for r in _ro_dirs()):
-            dirs.add(os.path.realpath(p))
-    for d in sorted(dirs):
-        try:
-            names = os.listdir(d)
-        except OSError:
-            continue
-        for n in names:
-            f = os.path.join(d, n)
-            if _is_masked_name(n) and os.path.isfile(f):
-                out.add(os.path.realpath(f))
-    return tuple(sorted(out))
+    """Every extension module on the jail's read-only view but the allowed ones of this interpreter (see
+    SAFE_EXTENSIONS); a walk of the whole view, about a second, once per process."""
+    dynload = os.path.dirname(importlib.util.find_spec("_json").origin or "")
+    keep = _own_libpython()
+    found: set[str] = set()
+    roots = {os.path.realpath(d) for d in _ro_dirs()}
+    for root in [r for r in roots if not any(r != o and _under(r, o) for o in roots)]:
+        found.update(os.path.realpath(f) for f in _extensions_under(root))
+    for f in found:
+        if os.path.dirname(f) == dynload and os.path.basename(f).split(".")[0] in SAFE_EXTENSIONS:
+            keep.add(f)
+    return tuple(sorted(found - keep))
 
 
 def _under(path: str, root: str) -> bool:
@@ -226,9 +239,11 @@ def command(
     *,
     work_bytes: int = 64 << 20,
 ) -> list[str]:
-    """The bwrap argument list that runs the child (append the child's own argv); `extra_ro` are files
-    shown read-only at their own paths. `workdir` is a fresh tmpfs of `work_bytes` inside the jail (the
-    host directory of that name stays empty)."""
+    """The argument list that runs the child (append the child's own argv); `extra_ro` are files shown
+    read-only at their own paths. `workdir` is a fresh tmpfs of `work_bytes` and WORK_INODES inodes inside
+    the jail (the host directory of that name stays empty): mounted by `mount` in a user and mount namespace
+    of its own that bwrap then starts in, since bwrap's --tmpfs bounds bytes only; where that cannot be done
+    here, bwrap's --tmpfs of `work_bytes` (no inode bound, not noexec)."""
     exe = shutil.which("bwrap")
     if exe is None:
         raise OSError("bwrap (bubblewrap) is not installed")
@@ -253,21 +268,67 @@ def command(
     for f in extra_ro:
         cmd += ["--ro-bind", f, f]
     cmd += ["--dev", "/dev", "--remount-ro", "/dev"]  # no /dev/shm (read-only), devices still work
-    cmd += [
-        "--perms",
-        WORK_TMPFS_MODE,
-        "--size",
-        str(int(work_bytes)),
-        "--tmpfs",
-        workdir,
-        "--chdir",
-        workdir,
-    ]
+    prefix = _work_mount(workdir, work_bytes)
+    if prefix:
+        cmd += ["--bind", workdir, workdir, "--chdir", workdir]
+    else:
+        cmd += [
+            "--perms",
+            WORK_TMPFS_MODE,
+            "--size",
+            str(int(work_bytes)),
+            "--tmpfs",
+            workdir,
+            "--chdir",
+            workdir,
+        ]
     cmd += ["--remount-ro", "/"]  # bwrap's own root (a tmpfs holding the mount points) becomes read-only too
     cmd += ["--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8"]
     if seccomp_fd is not None:
         cmd += ["--seccomp", str(seccomp_fd)]
-    return cmd
+    return [*prefix, *cmd]
+
+
+_MOUNT_THEN_EXEC = 'mount -t tmpfs -o "$1" trace-work "$2" && shift 2 && exec "$@"'
+
+
+def _work_mount(workdir: str, work_bytes: int) -> list[str]:
+    """The prefix that mounts the work tmpfs with an inode bound before bwrap starts, or [] where unshare,
+    mount or user namespaces are missing here."""
+    if not _can_mount_tmpfs():
+        return []
+    options = f"size={int(work_bytes)},nr_inodes={WORK_INODES},mode={WORK_TMPFS_MODE},noexec,nosuid,nodev"
+    return _mount_prefix(workdir, options)
+
+
+def _mount_prefix(workdir: str, options: str) -> list[str]:
+    unshare = shutil.which("unshare") or "unshare"
+    return [
+        unshare,
+        "--user",
+        "--map-root-user",
+        "--mount",
+        "sh",
+        "-c",
+        _MOUNT_THEN_EXEC,
+        "sh",
+        options,
+        workdir,
+    ]
+
+
+@cache
+def _can_mount_tmpfs() -> bool:
+    if not (shutil.which("unshare") and shutil.which("mount") and shutil.which("sh")):
+        return False
+    with tempfile.TemporaryDirectory(prefix="trace-jail-mount-") as d:
+        try:
+            r = subprocess.run(
+                [*_mount_prefix(d, "size=1048576,nr_inodes=8"), "true"], capture_output=True, timeout=30
+            )
+        except (OSError, subprocess.SubprocessError):
+            return False
+        return r.returncode == 0
 
 
 def seccomp_fd() -> int:

@@ -4,17 +4,21 @@ Each `SandboxWorker` makes a directory `TMP/trace-sandbox-*` (the module file, i
 point of its work tmpfs) and writes `owner` into it first thing: the pid and start time of the process that
 made it. The directory is stale once that process is gone (or the pid now belongs to another process, told
 apart by its start time); one without an `owner` file (killed between the two steps) is stale after a grace
-period. `trace store gc` removes the stale ones (`--dry-run` lists them). Stdlib only: gc imports this
-without the sandbox worker.
+period. `trace store gc` removes the stale ones (`--dry-run` lists them). The live workers are closed at exit
+and on SIGTERM (`install_sigterm_cleanup`). Stdlib only: gc imports this without the sandbox worker.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
+import signal
 import stat
 import tempfile
+import threading
 import time
+import weakref
 from pathlib import Path
 
 SANDBOX_PREFIX = "trace-sandbox-"
@@ -115,3 +119,37 @@ def remove_stale(tmp: str | Path | None = None, *, dry_run: bool = False) -> tup
                 continue
         done.append(str(d))
     return done, failed
+
+
+# every live sandbox worker (anything with close()), closed at exit and on SIGTERM
+LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for w in list(LIVE):
+        w.close()
+
+
+_SIGTERM_INSTALLED = False
+
+
+def _on_sigterm(signum, frame) -> None:
+    """Remove every sandbox (processes and directories), then die of SIGTERM as before: the default action
+    skips atexit and finalizers, which left /tmp/trace-sandbox-* behind."""
+    try:
+        _close_all()
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def install_sigterm_cleanup() -> None:
+    """Install `_on_sigterm` once, from the main thread, where SIGTERM still has its default action (a
+    caller's own handler is left alone: it decides how the process ends, and atexit then cleans up)."""
+    global _SIGTERM_INSTALLED
+    if _SIGTERM_INSTALLED or threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        _SIGTERM_INSTALLED = True

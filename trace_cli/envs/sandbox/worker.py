@@ -4,8 +4,9 @@ The process is the child program `child.py`, started inside the OS sandbox of `j
 namespaces, an unprivileged uid, a read-only minimal filesystem, no network, a seccomp filter against new
 processes, death with the parent). The child sets its rlimits (memory, file size, total CPU) and an audit
 hook (defence in depth), then loads the module. This side enforces the per-call budgets from outside: the
-wall clock, and the CPU time of the sandbox's processes (read from /proc), killing the whole sandbox on excess.
-Any blocked action, limit hit or timeout kills the worker and raises `SandboxViolation` with a one-line reason.
+wall clock, and the CPU time of the sandbox's processes (read from /proc), killing the whole sandbox on excess;
+between calls the sandbox is frozen (SIGSTOP), and answers are bounded (see `protocol.py`). Any blocked
+action, limit hit or timeout kills the worker and raises `SandboxViolation` with a one-line reason.
 
 Without a working bubblewrap, modules are refused (exit 2, with the fix) unless the caller explicitly allows
 unsafe local execution (`--unsafe-local-exec`, or TRACE_UNSAFE_LOCAL_EXEC=1): then the child runs with the
@@ -19,17 +20,13 @@ fields. The module may import `trace_cli.envs.*` (e.g. `SyntheticEnv`, the shop 
 
 from __future__ import annotations
 
-import atexit
 import errno
 import json
 import os
-import secrets
-import select
 import shutil
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 import warnings
 import weakref
@@ -39,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from trace_cli.envs.base import Observation, RewardBreakdown, StepResult
-from trace_cli.envs.sandbox import jail
+from trace_cli.envs.sandbox import jail, leftovers, protocol
 from trace_cli.envs.sandbox.leftovers import SANDBOX_PREFIX, write_owner
 from trace_cli.errors import CheckFailed, UsageError
 
@@ -116,53 +113,7 @@ def _unshare_prefix() -> tuple[str, ...]:
     return ()
 
 
-def _tree_cpu(pid: int) -> float:
-    """CPU seconds (user + system) of a process and all its descendants, from /proc; 0 when gone."""
-    total, todo, seen = 0.0, [pid], set()
-    tick = os.sysconf("SC_CLK_TCK")
-    while todo:
-        p = todo.pop()
-        if p in seen:
-            continue
-        seen.add(p)
-        try:
-            stat = Path(f"/proc/{p}/stat").read_text()
-            fields_ = stat[stat.rindex(")") + 2 :].split()
-            total += (int(fields_[11]) + int(fields_[12])) / tick
-            for task in Path(f"/proc/{p}/task").iterdir():
-                kids = (task / "children").read_text().split()
-                todo += [int(k) for k in kids]
-        except (OSError, ValueError, IndexError):
-            continue
-    return total
-
-
-def _tree_threads(pid: int) -> int:
-    """Threads beyond the first of each process in a process tree, from /proc (0 when gone)."""
-    extra, todo, seen = 0, [pid], set()
-    while todo:
-        p = todo.pop()
-        if p in seen:
-            continue
-        seen.add(p)
-        try:
-            tasks = list(Path(f"/proc/{p}/task").iterdir())
-            extra += len(tasks) - 1
-            for task in tasks:
-                todo += [int(k) for k in (task / "children").read_text().split()]
-        except (OSError, ValueError):
-            continue
-    return extra
-
-
 _CRASH_SIGNALS = {-signal.SIGSEGV, -signal.SIGBUS, -signal.SIGILL, -signal.SIGFPE, -signal.SIGABRT}
-
-
-def _signal_name(rc: int) -> str:
-    try:
-        return signal.Signals(-rc).name
-    except ValueError:
-        return f"signal {-rc}"
 
 
 class SandboxWorker:
@@ -177,7 +128,7 @@ class SandboxWorker:
         except SyntaxError as e:
             raise SandboxError(f"the module does not compile: {e.msg} (line {e.lineno})") from None
         self.isolation = isolation(unsafe_local_exec)
-        _install_sigterm_cleanup()
+        leftovers.install_sigterm_cleanup()
         # base/ is private to this side; base/work is the module's only writable directory (in the jail a
         # tmpfs of work_mb mounted over it: the host directory stays empty); the module file and the stderr
         # log stay outside it (read-only inside the sandbox, invisible respectively); base/owner names this
@@ -197,7 +148,7 @@ class SandboxWorker:
             str(Path(jail.__file__).with_name("child.py")),
             str(self.workdir),
             str(self.module_path),
-            json.dumps(self.limits.to_dict()),
+            json.dumps({**self.limits.to_dict(), "answer_bytes": protocol.MAX_ANSWER_BYTES}),
             jail.package_root(),
         ]
         fd = None
@@ -225,10 +176,11 @@ class SandboxWorker:
         finally:
             if fd is not None:
                 os.close(fd)
-        self._buf = b""
+        self._chan = protocol.Channel(self.proc.stdout.fileno())
+        self._calls, self._last_op = 0, "start"
         self.dead: str | None = None
-        self._finalizer = weakref.finalize(self, _cleanup, self.proc, self.dir, self._stderr)
-        _LIVE.add(self)
+        self._finalizer = weakref.finalize(self, protocol.cleanup, self.proc, self.dir, self._stderr)
+        leftovers.LIVE.add(self)
         self._startup = True
         try:  # wait until the child is ready, so that its start-up CPU is not charged to the first call
             self.call("ping")
@@ -246,7 +198,7 @@ class SandboxWorker:
         self.close()
 
     def _kill(self) -> None:
-        _kill_group(self.proc)
+        protocol.kill_group(self.proc)
 
     def stderr_tail(self, n: int = 600) -> str:
         try:
@@ -266,53 +218,44 @@ class SandboxWorker:
             rc = -(rc - 128)
         tail = self.stderr_tail()
         if rc in (-signal.SIGXCPU, -signal.SIGKILL) and "MemoryError" not in tail:
-            return f"CPU time limit exceeded ({self.limits.cpu_s:g} s per call) in {op}(); killed by {_signal_name(rc)}"
+            return f"CPU time limit exceeded ({self.limits.cpu_s:g} s per call) in {op}(); killed by {protocol.signal_name(rc)}"
         if rc == -signal.SIGXFSZ:
             return f"file size limit exceeded ({self.limits.file_mb} MB) in {op}()"
         if "MemoryError" in tail:
             return f"memory limit exceeded ({self.limits.memory_mb} MB) in {op}()"
         if rc in _CRASH_SIGNALS:
             return (
-                f"the module crashed the interpreter ({_signal_name(rc)}) in {op}(): crafted bytecode or "
+                f"the module crashed the interpreter ({protocol.signal_name(rc)}) in {op}(): crafted bytecode or "
                 "memory corruption, which a sandboxed module is not allowed"
             )
+        v = protocol.violation_in(self._chan.pending()) if rc == protocol.VIOLATION_EXIT else None
+        if v:
+            return f"blocked: {v} (before {op}() could answer)"
         last = tail.splitlines()[-1] if tail else ""
-        how = _signal_name(rc) if rc < 0 else f"exit code {rc}"
+        how = protocol.signal_name(rc) if rc < 0 else f"exit code {rc}"
         return f"the module process ended during {op}() ({how}){': ' + last if last else ''}"
 
     # -- calls -------------------------------------------------------------------------------------------
     def call(self, op: str, **kw: Any) -> Any:
         if self.dead:
             raise SandboxViolation(self.dead)
-        cpu0 = None if self._startup else _tree_cpu(self.proc.pid)
-        call_id = secrets.token_hex(8)  # unguessable: an answer must echo the call it belongs to
+        self._thaw(op)
+        cpu0 = None if self._startup else protocol.tree_cpu(self.proc.pid)
+        self._calls += 1
         try:
-            self.proc.stdin.write((json.dumps({"op": op, "id": call_id, **kw}) + "\n").encode())
+            self.proc.stdin.write((json.dumps({"op": op, **kw}) + "\n").encode())
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
             self._die(self._exit_reason(op))
-        line = self._read_line(op, cpu0)
-        try:
-            reply = json.loads(line)
-        except ValueError:
-            self._die(f"the module wrote a malformed answer to {op}()")
-        if not isinstance(reply, dict):
-            self._die(f"the module wrote a malformed answer to {op}()")
-        if reply.get("violation"):  # the audit hook's report (it ends the process): accepted from any call
-            self._die(f"blocked: {reply['violation']} (in {op}())")
-        if reply.get("id") != call_id:
-            self._die(
-                f"the module wrote an answer that does not belong to {op}() (a forged or stale protocol "
-                "message)"
-            )
-        if self._buf:
-            self._die(f"the module wrote more than one answer to {op}() (a forged protocol message)")
+        reply = self._answer(op, cpu0)
         extra = self._stray_threads()
         if extra:
             self._die(
                 f"the module left {extra} thread{'s' if extra != 1 else ''} running after {op}(); "
                 "a sandboxed module may not run between calls"
             )
+        protocol.signal_tree(self.proc.pid, signal.SIGSTOP)  # nothing of the module runs until the next call
+        self._last_op = op
         if not reply.get("ok"):
             if reply.get("etype") == "MemoryError":
                 self._die(f"memory limit exceeded ({self.limits.memory_mb} MB) in {op}()")
@@ -324,12 +267,51 @@ class SandboxWorker:
             )
         return reply.get("result")
 
+    def _thaw(self, op: str) -> None:
+        """Check that nothing arrived since the last answer, then let the sandbox run again."""
+        waiting = self._chan.pending()
+        if waiting:
+            v = protocol.violation_in(waiting)
+            where = f"between calls (after {self._last_op}(), before {op}())"
+            self._die(
+                f"blocked: {v} ({where})"
+                if v
+                else f"the module wrote an answer {where}: a forged or stale protocol message"
+            )
+        protocol.signal_tree(self.proc.pid, signal.SIGCONT)
+
+    def _answer(self, op: str, cpu0: float | None) -> dict[str, Any]:
+        def over_cpu() -> None:  # the same grace as a kernel RLIMIT_CPU armed at whole seconds: 1 s over
+            if cpu0 is not None and protocol.tree_cpu(self.proc.pid) - cpu0 > self.limits.cpu_s + 1.0:
+                self._die(f"CPU time limit exceeded ({self.limits.cpu_s:g} s per call) in {op}()")
+
+        try:
+            line = self._chan.read_line(time.monotonic() + self.limits.timeout_s, over_cpu)
+            if line is None:
+                self._die(self._exit_reason(op))
+            reply = protocol.decode(line)
+        except TimeoutError:
+            self._die(f"timed out: no answer to {op}() within {self.limits.timeout_s:g} s (an endless loop?)")
+        except protocol.ProtocolError as e:
+            self._die(f"{e} (in {op}())")
+        if reply.get("too_large"):  # the child's loop refuses to send what this side would refuse to read
+            self._die(f"the answer is larger than {protocol.MAX_ANSWER_BYTES >> 20} MB (in {op}())")
+        if isinstance(reply.get("violation"), str):  # the audit hook's report (it ends the process)
+            self._die(f"blocked: {reply['violation']} (in {op}())")
+        if reply.get("n") != self._calls:
+            self._die(
+                f"the module wrote an answer that does not belong to {op}() (a forged or stale protocol message)"
+            )
+        if self._chan.buf:
+            self._die(f"the module wrote more than one answer to {op}() (a forged protocol message)")
+        return reply
+
     def _stray_threads(self) -> int:
         """Threads beyond one per process in the sandbox's process tree, after a short grace for threads
         that were joined and are just ending; 0 when none stays."""
         deadline = time.monotonic() + 0.3
         while True:
-            extra = _tree_threads(self.proc.pid)
+            extra = protocol.tree_threads(self.proc.pid)
             if extra <= 0 or time.monotonic() >= deadline:
                 return max(extra, 0)
             time.sleep(0.02)
@@ -338,57 +320,6 @@ class SandboxWorker:
         self.dead = reason
         self._kill()
         raise SandboxViolation(reason)
-
-    def _read_line(self, op: str, cpu0: float | None) -> str:
-        fd = self.proc.stdout.fileno()
-        deadline = time.monotonic() + self.limits.timeout_s
-        while b"\n" not in self._buf:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self._die(
-                    f"timed out: no answer to {op}() within {self.limits.timeout_s:g} s (an endless loop?)"
-                )
-            ready, _, _ = select.select([fd], [], [], min(left, 0.2))
-            if not ready:
-                # the same grace as a kernel RLIMIT_CPU armed at whole seconds: up to one second over
-                if cpu0 is not None and _tree_cpu(self.proc.pid) - cpu0 > self.limits.cpu_s + 1.0:
-                    self._die(f"CPU time limit exceeded ({self.limits.cpu_s:g} s per call) in {op}()")
-                continue
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                self._die(self._exit_reason(op))
-            self._buf += chunk
-            if len(self._buf) > 64 << 20:
-                self._die(f"the answer to {op}() is larger than 64 MB")
-        line, _, self._buf = self._buf.partition(b"\n")
-        return line.decode("utf-8", "replace")
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # our own child's session (start_new_session=True)
-        except (ProcessLookupError, PermissionError):
-            proc.kill()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-
-
-def _cleanup(proc: subprocess.Popen, directory: Path, stderr) -> None:
-    _kill_group(proc)
-    for f in (proc.stdin, proc.stdout):
-        try:
-            if f:
-                f.close()
-        except OSError:
-            pass
-    try:
-        stderr.close()
-    except OSError:
-        pass
-    shutil.rmtree(directory, ignore_errors=True)
 
 
 def _only(cls, d: dict[str, Any]) -> dict[str, Any]:
@@ -435,8 +366,7 @@ class SandboxedEnv:
                 pass
 
 
-_WORKERS: list[SandboxWorker] = []
-_LIVE: weakref.WeakSet[SandboxWorker] = weakref.WeakSet()
+_WORKERS: list[SandboxWorker] = []  # strong references: the factories' workers live until exit
 
 
 def module_env_factory(
@@ -447,7 +377,7 @@ def module_env_factory(
     unsafe_local_exec: bool | None = None,
 ):
     """A zero-argument factory of SandboxedEnvs sharing one worker (started on first use)."""
-    _install_sigterm_cleanup()  # here too: the worker itself may start on a rollout thread
+    leftovers.install_sigterm_cleanup()  # here too: the worker itself may start on a rollout thread
     box: dict[str, SandboxWorker] = {}
 
     def make() -> SandboxedEnv:
@@ -459,36 +389,6 @@ def module_env_factory(
 
     make.close = lambda: box["w"].close() if "w" in box else None  # type: ignore[attr-defined]
     return make
-
-
-@atexit.register
-def _close_all() -> None:
-    for w in [*_WORKERS, *list(_LIVE)]:
-        w.close()
-
-
-_SIGTERM_INSTALLED = False
-
-
-def _on_sigterm(signum, frame) -> None:
-    """Remove every sandbox (processes and directories), then die of SIGTERM as before: the default action
-    skips atexit and finalizers, which left /tmp/trace-sandbox-* behind."""
-    try:
-        _close_all()
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _install_sigterm_cleanup() -> None:
-    """Install `_on_sigterm` once, from the main thread, where SIGTERM still has its default action (a
-    caller's own handler is left alone: it decides how the process ends, and atexit then cleans up)."""
-    global _SIGTERM_INSTALLED
-    if _SIGTERM_INSTALLED or threading.current_thread() is not threading.main_thread():
-        return
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _on_sigterm)
-        _SIGTERM_INSTALLED = True
 
 
 @dataclass

@@ -12,7 +12,6 @@ Reward (documented contract, see `verify`):
 from __future__ import annotations
 
 import copy
-import marshal
 import random
 import re
 from typing import Any
@@ -37,8 +36,22 @@ POLICY = """You are a customer service agent for an online shop.
 
 
 def clone(data: Any) -> Any:
-    """Deep copy of JSON-like data; marshal is ~10x faster than copy.deepcopy, which dominated reset()."""
-    return marshal.loads(marshal.dumps(data))
+    """Deep copy of JSON-like data (dicts, lists, tuples of scalars), ~3x faster than copy.deepcopy, which
+    dominated reset(); anything else goes through deepcopy. No marshal: a sandboxed module that subclasses
+    these environments sets their state, and unmarshalling it in trusted code would load crafted bytecode."""
+    t = type(data)
+    if t is dict:
+        return {k: clone(v) for k, v in data.items()}
+    if t is list:
+        return [clone(v) for v in data]
+    if t in _SCALARS:
+        return data
+    if t is tuple:
+        return tuple(clone(v) for v in data)
+    return copy.deepcopy(data)
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 _NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
@@ -81,7 +94,7 @@ class ShopEpisodes(ScriptedConversation):
         db = task.db
         # Products never change during an episode, so only users and orders are copied per episode.
         self._products = db["products"]
-        self._initial = marshal.dumps({"users": db["users"], "orders": db["orders"]})
+        self._initial = clone({"users": db["users"], "orders": db["orders"]})
         tools = ShopTools(self._fresh_db())
         for action in task.reference:
             if "name" in action:
@@ -95,7 +108,7 @@ class ShopEpisodes(ScriptedConversation):
         return self._loaded
 
     def _fresh_db(self) -> dict[str, Any]:
-        return {"products": self._products, **marshal.loads(self._initial)}
+        return {"products": self._products, **clone(self._initial)}
 
     def reference_actions(self) -> list[dict[str, Any]]:
         return clone(self._started().reference)

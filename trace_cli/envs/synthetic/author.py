@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from typing import Any
 
 from trace_cli.errors import CheckFailed, UsageError
@@ -181,7 +182,8 @@ def author_module(
     """Ask the LLM for modules until one passes the sandboxed checks (`cfg`: the synthesize config).
 
     Returns (the accepted module's source, the log of every attempt, None), or (None, log, "template") when
-    every module was rejected and the config falls back to the capability's template. A module that tried a
+    every module was rejected and the config falls back to the capability's template (with a notice on stderr;
+    `strict` makes that a CheckFailed too). A module that tried a
     forbidden action (files outside its directory, processes, the network, introspection) means the authoring
     channel is not trustworthy (the prompt embeds third-party rollout text): CheckFailed, no fallback, no later
     attempt; so is a run with every module rejected and no template to fall back to."""
@@ -243,12 +245,17 @@ def author_module(
             cap,
             log,
         )
-    if cfg["llm"]["fallback"] == "template" and has_template:
-        return None, log, "template"
     reasons = "; ".join(f"attempt {i + 1}: {m['reason']}" for i, m in enumerate(log))
-    raise _refused(
-        f"every module the {cfg['author']} author wrote for {cap} was rejected ({reasons})", cap, log
-    )
+    rejected = f"every module the {cfg['author']} author wrote for {cap} was rejected ({reasons})"
+    if cfg["llm"]["fallback"] == "template" and has_template and not cfg.get("strict"):
+        print(
+            f"notice: {rejected}; falling back to the built-in template of {cap} (--strict makes this an "
+            "error)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return None, log, "template"
+    raise _refused(rejected + ("; strict: no fallback to the template" if has_template else ""), cap, log)
 
 
 def _refused(message: str, capability: str, log: list[dict[str, Any]]) -> CheckFailed:

@@ -18,7 +18,6 @@ success = every component is 1 (then reward is exactly 1).
 from __future__ import annotations
 
 import inspect
-import marshal
 import random
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -285,7 +284,7 @@ class SyntheticEnv(ShopEpisodes):
             if sc.pressure
             else ScriptedUser(sc.identify, sc.request)
         )
-        self.initial = marshal.loads(self._initial)  # a separate copy: `changed()` compares against it
+        self.initial = clone(self._initial)  # a separate copy: `changed()` compares against it
         self.calls: list[dict[str, Any]] = []  # every tool call: turn, name, arguments, ok
 
     @property

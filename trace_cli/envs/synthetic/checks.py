@@ -164,10 +164,10 @@ def check_leakage(factory: EnvFactory, seeds: Iterable[int]) -> CheckResult:
 def run_checks(
     factory: EnvFactory,
     *,
-    reference_seeds: int = 100,
-    determinism_seeds: int = 20,
-    do_nothing_seeds: int = 100,
-    leakage_seeds: int = 100,
+    reference_seeds: int,
+    determinism_seeds: int,
+    do_nothing_seeds: int,
+    leakage_seeds: int,
     start: int = 0,
 ) -> list[CheckResult]:
     """Every check, on seeds start, start+1, ...; stops early only when the environment itself raises."""

@@ -1,0 +1,150 @@
+"""The side channel between our environments and TRL: `rollout_func` (one episode of the shared rollout loop per
+prompt, or pre-generated ones replayed) returns token sequences and the episodes' outcomes as columns, and
+`reward_func` hands the environment's reward to TRL and to the trainer (which drops constant-reward groups).
+
+Seeds: TRL hands `rollout_func` only the prompts (already repeated `num_generations` times by its
+`RepeatSampler`), not the dataset rows. Each dataset row is one seed, and its `prompt` is the marker
+`trace-seed:<seed>` (the `seed` column is kept for logging); `rollout_func` parses the marker back. Mapping
+rendered prompt text -> seed instead would break when two seeds render the same opening, and would render
+every prompt twice. The `num_generations` copies of a seed are one GRPO group, so advantages are normalised
+within same-seed groups, as the paper does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from trace_cli.agents.token_history import episode_sequence
+from trace_cli.training.grpo_spec import GRPOSpec
+
+SEED_PREFIX = "trace-seed:"
+
+
+def seed_prompt(seed: int) -> str:
+    return f"{SEED_PREFIX}{int(seed)}"
+
+
+def parse_seed(prompt: Any) -> int:
+    if isinstance(prompt, str) and prompt.startswith(SEED_PREFIX):
+        return int(prompt[len(SEED_PREFIX) :])
+    raise ValueError(f"not a trace seed prompt: {prompt!r} (expected {SEED_PREFIX}<int>)")
+
+
+def _vllm_generate(trainer):
+    """Generation through TRL's colocated vLLM engine (GPU; weights are synced by TRL before rollout_func)."""
+
+    def gen(ctxs: list[list[int]], max_new: int):
+        _, comps, lps, _ = trainer.vllm_generation.generate(prompts=ctxs, images=None, num_generations=1)
+        lps = (
+            [[float("nan") if x[0] is None else x[0] for x in seq] for seq in lps]
+            if lps is not None
+            else None
+        )
+        return comps, lps
+
+    return gen
+
+
+def make_rollout_func(spec: GRPOSpec, tokenizer, max_context: int, state: dict[str, Any]):
+    """TRL `rollout_func(prompts, trainer)`: one episode of our shared rollout loop per prompt entry."""
+    from trace_cli.agents.token_history import TokenPolicy
+    from trace_cli.envs.rollout import rollout
+    from trace_cli.models import device
+
+    replay = list(spec.replay)
+    sampling = spec.sampling
+
+    def replayed(n: int) -> dict[str, list] | None:
+        """The next n pre-generated episodes (whole groups), in rollout_func's format; None when too few are left."""
+        start = state.setdefault("replayed", 0)
+        if n % spec.num_generations or start + n > len(replay):
+            return None
+        eps = replay[start : start + n]
+        state["replayed"] = start + n
+        state["replayed_steps"] = state.get("replayed_steps", 0) + 1
+        outcomes = [(e["reward"], e["success"], e["n_actions"], e["termination"]) for e in eps]
+        return rollout_columns(eps, outcomes, logprobs=False)
+
+    def rollout_func(prompts: list, trainer) -> dict[str, list]:
+        from trl.models.utils import unwrap_model_for_generation
+
+        if replay and not spec.use_vllm:
+            served = replayed(len(prompts))
+            if served is not None:
+                return served
+        seeds = [parse_seed(p) for p in prompts]
+        rank = trainer.accelerator.process_index
+        run_seed = (
+            (spec.seed * 7_919 + trainer.state.global_step) * 131 + rank * 17 + state.setdefault("calls", 0)
+        )
+        state["calls"] += 1
+        t0 = time.monotonic()
+        with unwrap_model_for_generation(
+            trainer.model_wrapped,
+            trainer.accelerator,
+            gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
+        ) as model:
+            policy = TokenPolicy.sampling_as(
+                model,
+                tokenizer,
+                sampling,
+                top_k=spec.top_k,
+                max_context=max_context,
+                seed=run_seed,
+                generate_fn=_vllm_generate(trainer) if spec.use_vllm else None,
+                prefix_cache=None if spec.use_vllm else device.prefix_cache(),  # fresh: these weights only
+            )
+            jobs = [(s, i) for i, s in enumerate(seeds)]
+            results = rollout(
+                policy, spec.make_env, jobs, max_turns=sampling.max_turns, batch_size=spec.rollout_batch_size
+            )
+        seqs = [episode_sequence(r.turns, policy.eos_id) for r in results]
+        state["rollout_s"] = state.get("rollout_s", 0.0) + time.monotonic() - t0
+        state["episodes"] = state.get("episodes", 0) + len(results)
+        state["gen_tokens"] = state.get("gen_tokens", 0) + sum(r.gen_tokens for r in results)
+        outcomes = [(r.reward, r.success, r.n_actions, r.termination) for r in results]
+        return rollout_columns(seqs, outcomes, logprobs=spec.use_vllm)
+
+    return rollout_func
+
+
+def rollout_columns(
+    seqs: Sequence[Mapping[str, Any]], outcomes: Sequence[tuple[float, bool, int, str]], *, logprobs: bool
+) -> dict[str, list]:
+    """What rollout_func returns to TRL for episodes given as token sequences (prompt_ids, completion_ids,
+    env_mask[, logprobs]) and their (reward, success, actions, termination): generated or replayed alike."""
+    return {
+        "prompt_ids": [list(s["prompt_ids"]) for s in seqs],
+        "completion_ids": [list(s["completion_ids"]) for s in seqs],
+        "env_mask": [list(s["env_mask"]) for s in seqs],
+        "logprobs": [s["logprobs"] for s in seqs] if logprobs else None,
+        "env_reward": [float(r) for r, _, _, _ in outcomes],
+        "env_success": [float(ok) for _, ok, _, _ in outcomes],
+        "env_turns": [float(n) for _, _, n, _ in outcomes],
+        "env_max_length": [float(t == "max_length") for _, _, _, t in outcomes],
+    }
+
+
+def make_reward_func(holder: dict[str, Any]):
+    """The environment's graded final reward (`env.verify()`), passed through from rollout_func; TRL passes the
+    other columns rollout_func returned (success, turns, max_length) by name, and they are logged as metrics."""
+
+    def env_reward(env_reward, log_metric=None, **columns) -> list[float]:
+        rewards = [float(r) for r in env_reward]
+        trainer = holder.get("trainer")
+        if trainer is not None:
+            trainer._last_rewards = rewards
+        if log_metric is not None:
+            for name, column in (
+                ("success", "env_success"),
+                ("turns", "env_turns"),
+                ("max_length_frac", "env_max_length"),
+            ):
+                vals = columns.get(column)
+                if vals:
+                    log_metric(name, sum(vals) / len(vals))
+        return rewards
+
+    return env_reward
