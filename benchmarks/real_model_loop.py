@@ -12,11 +12,18 @@ and the acceptance: adapter success on its environment >= base + 0.10 (200 held-
     python benchmarks/real_model_loop.py --dry-run                         # the plan, checked against the schemas
     OMP_NUM_THREADS=1 python benchmarks/real_model_loop.py --demos 8 --shop-eval-seeds 4 --env-eval-seeds 4 \\
         --diag-rollouts 8 --cal-seeds 2 --cal-rollouts 4 --rollouts 16 --episodes-per-step 8   # smoke run
+    OMP_NUM_THREADS=1 nohup python benchmarks/real_model_loop.py --profile session &   # <= 150 min, 2 cores
+
+`--profile session` fits one working session: fewer demonstrations and shop seeds, the diagnosis reads the base
+evaluation's own rollouts (no separate diagnosis rollouts), a short calibration on the SFT model, 100 held-out
+seeds of its environment, and as many GRPO steps as fit in `--budget-min` (steps computed after calibration from
+the measured per-episode times, the remaining evaluations' time reserved first).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import subprocess
@@ -32,9 +39,36 @@ SHOP_DIAG = 200000  # the diagnosis's own rollouts: shop seeds SHOP_DIAG:SHOP_DI
 ENV_TRAIN = 100000  # GRPO seeds of the synthesized environment (its calibration seeds lie in the same range)
 HELD_OUT = 0  # evaluation: seeds HELD_OUT:HELD_OUT+N of the shop and of the synthesized environment
 GOAL_DELTA = 0.10
-# per-episode cost on one thread of the shared 2-core CPU (measured: SFT 20 s/demonstration, eval ~30 s/episode
-# at batch 10 with KV reuse, GRPO ~18 cpu-s/episode after issue 26), for --dry-run's estimate
-EST_S = {"sft": 20.0, "eval": 30.0, "calibrate": 30.0, "grpo": 25.0}
+# per-episode cost on one thread (CPU seconds), for --dry-run's estimate. Measured: SFT 19.5 s/demonstration
+# (issue 33: 4 demonstrations, 78 CPU s); eval ~30 s/episode at batch 5-10 with KV reuse (issue 33: 11 generated
+# tokens per CPU s at batch 5; an SFT model's episode ~5.6 turns of ~53 tokens); calibration samples with GRPO's
+# own sampler, 11.4 s/episode, and GRPO 17.6 s/episode (benchmarks/train_bench.py --model smollm2, issue 26)
+EST_S = {"sft": 19.5, "eval": 30.0, "calibrate": 11.4, "grpo": 17.6}
+# one working session on the 2 cores (issue 33); any flag given on the command line still wins
+PROFILES: dict[str, dict[str, Any]] = {
+    "full": {},
+    "session": {
+        "demos": 48,
+        "shop_eval_seeds": 30,
+        "env_eval_seeds": 100,
+        "diag_rollouts": 0,
+        "cal_seeds": 8,
+        "cal_rollouts": 4,
+        "num_generations": 4,
+        "episodes_per_step": 8,
+        "rollouts": 400,
+        "eval_batch": 25,
+        "budget_min": 150.0,
+        "threads": 1,
+        "parallel_evals": True,
+    },
+}
+# --plumbing: any diagnosis selects, the first calibration level is admitted (tests run the whole flow in a minute)
+PLUMBING = {
+    "diagnose": {"delta_min": 0.01, "coverage_min": 0.01},
+    "calibration": {"band": [0.0, 1.0], "max_group_all0": 1.0, "max_group_all1": 1.0},
+}
+GRPO_TRAIN_FACTOR = 1.6  # a GRPO episode costs its rollout (as calibration's) plus the backward pass
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -45,7 +79,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--env-eval-seeds", type=int, default=200, help="held-out seeds 0:N of the new environment"
     )
-    ap.add_argument("--diag-rollouts", type=int, default=100, help="shop rollouts the diagnosis reads")
+    ap.add_argument(
+        "--diag-rollouts",
+        type=int,
+        default=100,
+        help="shop rollouts the diagnosis reads (0: the base evaluation's own rollouts)",
+    )
     ap.add_argument("--cal-seeds", type=int, default=16, help="calibration: N seeds (groups)")
     ap.add_argument("--cal-rollouts", type=int, default=8, help="calibration: K rollouts per seed")
     ap.add_argument("--rollouts", type=int, default=256, help="GRPO training rollouts (at least)")
@@ -57,8 +96,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--eval-batch", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--source", default="smollm2-135m-instruct", help="the checkpoint `model` imports")
+    ap.add_argument(
+        "--budget-min",
+        type=float,
+        default=None,
+        help="wall-clock budget: GRPO takes as many steps (up to --rollouts) as fit after the evaluations",
+    )
+    ap.add_argument(
+        "--parallel-evals",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="use the second core: the base's environment eval runs beside GRPO, the adapter's shop eval beside "
+        "its environment eval (each a `trace eval` process on one thread)",
+    )
+    ap.add_argument(
+        "--plumbing",
+        action="store_true",
+        help="loose diagnosis and calibration: checks the flow, measures nothing",
+    )
+    ap.add_argument("--profile", choices=sorted(PROFILES), default="full", help="a preset of the sizes")
     ap.add_argument("--dry-run", action="store_true", help="print the plan (configs checked by the schemas)")
     ap.add_argument("--out", type=Path, default=RESULTS / "real_model_loop.json")
+    a = ap.parse_args(argv)
+    ap.set_defaults(**PROFILES[a.profile])
     a = ap.parse_args(argv)
     if a.episodes_per_step % a.num_generations:
         ap.error("--episodes-per-step must be a multiple of --num-generations")
@@ -75,15 +136,50 @@ def reuse_steps(calibration_episodes: int, per_step: int, steps: int) -> int:
     return min(steps, calibration_episodes // per_step)
 
 
+def _plumbing(a, stage: str) -> dict[str, Any]:
+    return PLUMBING[stage] if a.plumbing else {}
+
+
+def evals_after_grpo(a) -> int:
+    """Evaluation episodes on the critical path after GRPO starts: all three evaluations one after the other, or
+    with --parallel-evals only the adapter's environment eval (the base's runs beside GRPO, the adapter's shop
+    eval beside the environment one)."""
+    if a.parallel_evals:
+        return max(a.env_eval_seeds, a.shop_eval_seeds)
+    return 2 * a.env_eval_seeds + a.shop_eval_seeds
+
+
+def budget_steps(a, elapsed_s: float, eval_s_per_episode: float, rollout_s_per_episode: float) -> int:
+    """GRPO steps for the run: all of --rollouts without a budget; else as many as fit in what the budget leaves
+    after the evaluations still to run (at the base evaluation's cost per episode), each fresh episode costing
+    a calibration episode times GRPO_TRAIN_FACTOR; never fewer than the reused steps + 1."""
+    most = grpo_steps(a.rollouts, a.episodes_per_step)
+    reused = reuse_steps(a.cal_seeds * a.cal_rollouts, a.episodes_per_step, most)
+    if a.budget_min is None:
+        return most
+    evals_s = evals_after_grpo(a) * eval_s_per_episode
+    left = a.budget_min * 60 - elapsed_s - evals_s
+    fresh = int(max(0.0, left) // (a.episodes_per_step * rollout_s_per_episode * GRPO_TRAIN_FACTOR))
+    return max(reused + 1, min(most, reused + fresh))
+
+
 def configs(
-    a, base: str, sft: str, diag_rollouts: str, diagnosis: str, cap: str, env: str
+    a, base: str, sft: str, diag_rollouts: str, diagnosis: str, cap: str, env: str, steps: int | None = None
 ) -> dict[str, dict]:
-    """Every stage config of the loop, given the artifacts' URIs (placeholders in --dry-run)."""
+    """Every stage config of the loop, given the artifacts' URIs (placeholders in --dry-run) and the GRPO steps
+    (default: enough for --rollouts). With --diag-rollouts 0 there is no diag_rollouts step."""
     ev = {"max_new_tokens": a.max_new_tokens, "batch_size": a.eval_batch, "max_turns": a.max_turns}
-    steps = grpo_steps(a.rollouts, a.episodes_per_step)
+    steps = grpo_steps(a.rollouts, a.episodes_per_step) if steps is None else steps
     cal = a.cal_seeds * a.cal_rollouts
+    plan = _configs(a, ev, steps, cal, base, sft, diag_rollouts, diagnosis, cap, env)
+    if not a.diag_rollouts:
+        del plan["diag_rollouts"]
+    return plan
+
+
+def _configs(a, ev, steps, cal, base, sft, diag_rollouts, diagnosis, cap, env) -> dict[str, dict]:
     return {
-        "import": {"source": "smollm2-135m-instruct"},
+        "import": {"source": a.source},
         "sft": {
             "method": "sft",
             "env": "shop",
@@ -104,7 +200,12 @@ def configs(
             "seeds": f"{SHOP_DIAG}:{SHOP_DIAG + a.diag_rollouts}",
             **ev,
         },
-        "diagnose": {"rollouts": diag_rollouts, "analyst": "rules", "seed": a.seed},
+        "diagnose": {
+            "rollouts": diag_rollouts,
+            "analyst": "rules",
+            "seed": a.seed,
+            **_plumbing(a, "diagnose"),
+        },
         "synthesize": {
             "diagnosis": diagnosis,
             "capability": cap,
@@ -119,6 +220,7 @@ def configs(
                 "max_new_tokens": a.max_new_tokens,
                 "max_completion_length": 1024,
                 "tokens": True,
+                **_plumbing(a, "calibration"),
             },
         },
         "grpo": {
@@ -176,16 +278,32 @@ STAGE_OF = {
 }
 
 
-def estimate_s(a) -> dict[str, float]:
-    """Rough wall seconds per step on one thread of the shared CPU (EST_S per episode)."""
-    steps = grpo_steps(a.rollouts, a.episodes_per_step)
+def estimated_steps(a) -> int:
+    """The GRPO steps `budget_steps` would give the run if every stage cost EST_S per episode."""
     cal = a.cal_seeds * a.cal_rollouts
+    before = a.demos * EST_S["sft"] + (a.shop_eval_seeds + a.diag_rollouts) * EST_S["eval"]
+    return budget_steps(
+        a, before + cal * EST_S["calibrate"], EST_S["eval"], EST_S["grpo"] / GRPO_TRAIN_FACTOR
+    )
+
+
+def estimate_s(a) -> dict[str, float]:
+    """Rough wall seconds per step on one thread of the shared CPU (EST_S per episode); with a budget, GRPO
+    gets the steps `budget_steps` would give it after the estimated earlier stages."""
+    cal = a.cal_seeds * a.cal_rollouts
+    steps = estimated_steps(a)
     fresh = max(0, steps - reuse_steps(cal, a.episodes_per_step, steps)) * a.episodes_per_step
+    grpo_s = fresh * EST_S["grpo"]
+    beside = (
+        max(0.0, a.env_eval_seeds * EST_S["eval"] - grpo_s)
+        if a.parallel_evals
+        else a.env_eval_seeds * EST_S["eval"]
+    )
     return {
         "sft": a.demos * EST_S["sft"],
-        "evals": (2 * a.shop_eval_seeds + 2 * a.env_eval_seeds + a.diag_rollouts) * EST_S["eval"],
+        "evals": (a.shop_eval_seeds + a.diag_rollouts + evals_after_grpo(a)) * EST_S["eval"] + beside,
         "calibration": cal * EST_S["calibrate"],
-        "grpo": fresh * EST_S["grpo"],
+        "grpo": grpo_s,
     }
 
 
@@ -219,6 +337,8 @@ def dry_run(a) -> int:
         "CAPABILITY",
         "store://environment/env",
     )
+    if a.budget_min is not None:
+        print(f"GRPO: up to {cfgs['grpo']['max_steps']} steps, as many as fit in {a.budget_min} min")
     schemas = stage_config_schemas()
     for label, cfg in cfgs.items():
         stage = STAGE_OF[label]
@@ -232,9 +352,43 @@ def dry_run(a) -> int:
     print(
         "\nestimate (one thread, shared CPU): "
         + ", ".join(f"{k} {v / 3600:.1f} h" for k, v in est.items())
-        + f"; total {total / 3600:.1f} h"
+        + f"; total {total / 3600:.1f} h ({total / 60:.0f} min)"
     )
+    steps = estimated_steps(a)
+    reused = reuse_steps(a.cal_seeds * a.cal_rollouts, a.episodes_per_step, steps)
+    print(f"GRPO: {steps} steps of {a.episodes_per_step} episodes, {reused} of them from the calibration")
     return 0
+
+
+class Beside:
+    """One `trace eval` at a time in a child process on one thread (the second core), recorded in `res` and the
+    stage timings as an in-process evaluation would be."""
+
+    def __init__(self, a, stages: Stages, res: dict[str, Any]):
+        self.a, self.stages, self.res = a, stages, res
+
+    def start(self, label: str, cfg: dict[str, Any]) -> None:
+        import yaml
+
+        self.label, self.t0 = label, time.monotonic()
+        self.res["configs"][label] = cfg
+        conf = self.a.store.parent / f"{label}.yaml"
+        conf.parent.mkdir(parents=True, exist_ok=True)
+        conf.write_text(yaml.safe_dump({"kind": "eval", **cfg}))
+        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+        cmd = [sys.executable, "-m", "trace_cli", "eval", "--config", str(conf), "--store", str(self.a.store)]
+        print(f"{label}: trace eval beside the next step ({cfg})", file=sys.stderr, flush=True)
+        self.proc = subprocess.Popen([*cmd, "--json"], stdout=subprocess.PIPE, text=True, env=env)
+
+    def finish(self) -> None:
+        out, _ = self.proc.communicate()
+        if self.proc.returncode:
+            raise SystemExit(f"{self.label}: trace eval exited {self.proc.returncode}")
+        doc, wall = json.loads(out), round(time.monotonic() - self.t0, 1)
+        self.stages.timings[self.label] = self.res[f"{self.label}_s"] = wall
+        s = doc["summary"]
+        self.res[self.label] = {"pass@1": s["pass@1"], "episodes": s["episodes"], "rollouts": doc["rollouts"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -247,8 +401,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRACE_NO_PROGRESS", "1")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     stages = Stages(a.store)
+    from trace_cli.models import device
+
     res: dict[str, Any] = {
         "benchmark": "real_model_loop",
+        "profile": a.profile,
+        "device": str(device.resolve()),
         "command": command(),
         "commit": subprocess.run(
             ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True
@@ -277,17 +435,20 @@ def main(argv: list[str] | None = None) -> int:
 
     def save() -> None:
         res["total_s"] = round(time.monotonic() - t_all, 1)
+        res["stages_s"] = {k: v for k, v in stages.timings.items()}
         write_result(a.out, res)
 
-    base = step("import", {"source": "smollm2-135m-instruct"}, name="smollm2").main
+    base = step("import", {"source": a.source}, name="smollm2").main
     sft_cfg = configs(a, base.uri, "", "", "", "", "")["sft"]
     sft = step("sft", sft_cfg, name="smollm2-sft").main
     res["sft"] = sft.summary
     plan = configs(a, base.uri, sft.uri, "", "", "", "")
     evaluate("shop_eval_base", plan["shop_eval_base"])
     save()
-    ro = step("diag_rollouts", plan["diag_rollouts"]).outputs["rollouts"]
-    plan = configs(a, base.uri, sft.uri, ro.uri, "", "", "")
+    ro_uri = res["shop_eval_base"]["rollouts"]
+    if "diag_rollouts" in plan:
+        ro_uri = step("diag_rollouts", plan["diag_rollouts"]).outputs["rollouts"].uri
+    plan = configs(a, base.uri, sft.uri, ro_uri, "", "", "")
     diag = step("diagnose", plan["diagnose"]).outputs["diagnosis"]
     selected = list(diag.summary.get("selected") or [])
     res["selected"] = selected
@@ -297,16 +458,32 @@ def main(argv: list[str] | None = None) -> int:
         print(res["error"], file=sys.stderr)
         return 1
     cap = selected[0]
-    plan = configs(a, base.uri, sft.uri, ro.uri, diag.uri, cap, "")
+    plan = configs(a, base.uri, sft.uri, ro_uri, diag.uri, cap, "")
     env = step("synthesize", plan["synthesize"]).outputs["environment"]
     res["environment"] = {"uri": env.uri, "capability": cap, "calibration": env.summary.get("calibration")}
-    plan = configs(a, base.uri, sft.uri, ro.uri, diag.uri, cap, env.uri)
+    cal_episodes = a.cal_seeds * a.cal_rollouts
+    eval_s = res["shop_eval_base_s"] / max(1, res["shop_eval_base"]["episodes"])
+    steps = budget_steps(a, time.monotonic() - t_all, eval_s, res["synthesize_s"] / cal_episodes)
+    plan = configs(a, base.uri, sft.uri, ro_uri, diag.uri, cap, env.uri, steps=steps)
     save()
+    beside = Beside(a, stages, res) if a.parallel_evals else None
+    if beside:
+        beside.start("env_eval_base", plan["env_eval_base"])
     adapter = step("grpo", plan["grpo"]).outputs["adapter"]
     res["grpo"] = adapter.summary
-    evaluate("env_eval_base", plan["env_eval_base"])
+    fresh = (steps - plan["grpo"]["reuse_calibration"]) * a.episodes_per_step
+    res["grpo_seconds_per_episode"] = round(res["grpo_s"] / fresh, 2) if fresh else None
+    shop_adapter = {**plan["shop_eval_adapter"], "model": adapter.uri}
+    if beside:
+        beside.finish()
+        beside.start("shop_eval_adapter", shop_adapter)
+    else:
+        evaluate("env_eval_base", plan["env_eval_base"])
     evaluate("env_eval_adapter", {**plan["env_eval_adapter"], "model": adapter.uri})
-    evaluate("shop_eval_adapter", {**plan["shop_eval_adapter"], "model": adapter.uri})
+    if beside:
+        beside.finish()
+    else:
+        evaluate("shop_eval_adapter", shop_adapter)
     res["acceptance"] = summarize(res)
     save()
     acc = res["acceptance"]

@@ -3,9 +3,12 @@ acceptance from the four evaluations, and --dry-run (every stage config accepted
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -72,7 +75,9 @@ def test_dry_run_validates_every_stage_config():
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     labels = [
-        line.split()[0] for line in proc.stdout.splitlines() if line and not line.startswith("estimate")
+        line.split()[0]
+        for line in proc.stdout.splitlines()
+        if line and not line.startswith(("estimate", "GRPO"))
     ]
     assert labels == list(rml.STAGE_OF)
     assert "total" in proc.stdout
@@ -83,3 +88,82 @@ def test_dry_run_validates_every_stage_config():
         timeout=300,
     )
     assert bad.returncode != 0  # a config the schemas refuse fails the dry run
+
+
+# ------------------------------------------------------------------------------------- --profile session (issue 33)
+def test_session_profile_sets_its_sizes_and_flags_still_win():
+    a = rml.parse_args(["--profile", "session"])
+    assert (a.demos, a.env_eval_seeds, a.diag_rollouts, a.budget_min) == (48, 100, 0, 150.0)
+    b = rml.parse_args(["--profile", "session", "--demos", "10", "--env-eval-seeds", "120"])
+    assert (b.demos, b.env_eval_seeds, b.cal_seeds) == (10, 120, 8)
+    assert rml.parse_args([]).budget_min is None and rml.parse_args([]).demos == 160
+
+
+def test_session_plan_diagnoses_the_base_evaluation_and_holds_out_100_env_seeds():
+    a = rml.parse_args(["--profile", "session"])
+    c = rml.configs(a, "B", "S", "R", "D", "cap", "E", steps=7)
+    assert "diag_rollouts" not in c and c["diagnose"]["rollouts"] == "R"
+    assert c["grpo"]["max_steps"] == 7 and c["synthesize"]["model"] == "S"
+    lo, hi = (int(x) for x in c["grpo"]["seeds"].split(":"))
+    for label in ("env_eval_base", "env_eval_adapter"):
+        elo, ehi = (int(x) for x in c[label]["seeds"].split(":"))
+        assert ehi - elo >= 100 and (ehi <= lo or elo >= hi)
+
+
+def test_budget_steps_fit_what_the_evaluations_leave():
+    a = rml.parse_args(["--profile", "session"])  # 150 min; 8 episodes a step; 32 calibration episodes
+    most = rml.grpo_steps(a.rollouts, a.episodes_per_step)
+    reused = rml.reuse_steps(a.cal_seeds * a.cal_rollouts, a.episodes_per_step, most)
+    assert (
+        rml.evals_after_grpo(a) == 100
+    )  # the base's env eval runs beside GRPO, the shop eval beside the env one
+    assert rml.evals_after_grpo(rml.parse_args(["--profile", "session", "--no-parallel-evals"])) == 230
+    evals = rml.evals_after_grpo(a) * 10.0
+    per_step = a.episodes_per_step * 5.0 * rml.GRPO_TRAIN_FACTOR
+    left = 9000 - 7000 - evals
+    assert rml.budget_steps(a, 7000, 10.0, 5.0) == reused + int(left // per_step) < most
+    assert rml.budget_steps(a, 9000, 10.0, 5.0) == reused + 1  # over budget: the reused steps and one more
+    assert rml.budget_steps(a, 0, 0.0, 0.001) == most  # never more than --rollouts asks for
+    assert rml.budget_steps(rml.parse_args([]), 10**6, 10.0, 5.0) == rml.grpo_steps(256, 16)  # no budget
+
+
+def test_session_dry_run_validates_its_configs(run_benchmark):
+    proc = run_benchmark("real_model_loop.py", "--dry-run", "--profile", "session", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    labels = [
+        line.split()[0] for line in proc.stdout.splitlines() if line and line.split()[0] in rml.STAGE_OF
+    ]
+    assert labels == [k for k in rml.STAGE_OF if k != "diag_rollouts"]
+    assert "as many as fit in 150.0 min" in proc.stdout
+    assert "4 of them from the calibration" in proc.stdout  # 8 seeds x 4 rollouts = 4 steps of 8 episodes
+
+
+@pytest.mark.slow
+def test_session_profile_runs_end_to_end_on_a_small_checkpoint(run_benchmark, tmp_path):
+    """The whole --profile session flow (diagnosis on the base eval, budgeted GRPO, the JSON's fields) on the
+    committed demo base agent with tiny sizes and --plumbing (checks the flow, not the result)."""
+    out = tmp_path / "r.json"
+    sizes = "--demos 3 --shop-eval-seeds 16 --env-eval-seeds 3 --cal-seeds 2 --cal-rollouts 2 --eval-batch 16"
+    args = f"--profile session {sizes} --budget-min 0.1 --max-new-tokens 48 --plumbing --threads 1".split()
+    src = [
+        "--source",
+        str(REPO / "examples" / "demo-base-agent"),
+        "--store",
+        str(tmp_path / "s"),
+        "--out",
+        str(out),
+    ]
+    proc = run_benchmark("real_model_loop.py", *args, *src, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["profile"] == "session" and doc["device"] == "cpu" and doc["commit"]
+    assert (
+        "diag_rollouts_s" not in doc
+        and doc["configs"]["diagnose"]["rollouts"] == doc["shop_eval_base"]["rollouts"]
+    )
+    assert (
+        doc["configs"]["grpo"]["max_steps"] == doc["configs"]["grpo"]["reuse_calibration"] + 1
+    )  # over budget
+    assert doc["grpo_seconds_per_episode"] > 0
+    assert set(doc["stages_s"]) == {k for k in rml.STAGE_OF if k != "diag_rollouts"}
+    assert doc["env_eval_base"]["episodes"] == 3 and "shop_pass@1_adapter" in doc["acceptance"]

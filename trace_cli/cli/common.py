@@ -48,8 +48,10 @@ def open_store(store_dir: str | None):
     import os
 
     from trace_cli.errors import TraceError
+    from trace_cli.models import device
     from trace_cli.store import Store
 
+    device.check()  # $TRACE_DEVICE asks for a GPU that is not here: exit 2 before the store is touched
     if store_dir:
         st = Store(store_dir, origin=f"--store {store_dir}")
     elif os.environ.get("TRACE_STORE"):

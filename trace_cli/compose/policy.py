@@ -20,6 +20,7 @@ from trace_cli.compose import GATES_FILE, MERGED_DIR
 from trace_cli.compose.adapters import check_targets, load_lora
 from trace_cli.compose.spec import read_composition
 from trace_cli.envs.rollout import Turn
+from trace_cli.models import device
 from trace_cli.models.refs import ModelRef
 
 ROUTE_ATTR = "compose_route"  # set on each EpisodeState: {"users": n, "mix": {...}, "decisions": [...]}
@@ -27,7 +28,6 @@ ROUTE_ATTR = "compose_route"  # set on each EpisodeState: {"users": n, "mix": {.
 
 def load_model(path: Path, base_dir: Path, *, base_digest: str | None = None):
     """(model, tokenizer, doc, extra) for the composition at `path` on the base model in `base_dir`."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trace_cli.errors import UsageError
@@ -39,9 +39,7 @@ def load_model(path: Path, base_dir: Path, *, base_digest: str | None = None):
             f"({base_digest[:12]}…)"
         )
     tok = AutoTokenizer.from_pretrained(base_dir, padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    if torch.cuda.is_available():
-        model = model.to("cuda")
+    model = device.place(AutoModelForCausalLM.from_pretrained(base_dir, dtype=device.dtype()))
     extra: dict[str, Any] = {}
     if doc["method"] == "merge":
         from trace_cli.compose.merge import load_merged
@@ -266,6 +264,7 @@ def load_policy(ref: ModelRef, *, record_tokens: bool = False, **sampling: Any):
         max_context=context_of(model.config),
         name=ref.display,
         record_tokens=record_tokens,
+        prefix_cache=device.prefix_cache(),
         **sampling,
     )
 

@@ -231,19 +231,19 @@ def _hub(ref: str) -> ModelRef:
 
 
 def load_hf(ref: ModelRef, *, trainable_adapter: bool = False):
-    """(model, tokenizer) for an hf or adapter reference, on CPU in float32 (GPU when available)."""
-    import torch
+    """(model, tokenizer) for an hf or adapter reference, on the run's device in its dtype (`models.device`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trace_cli.models import device
 
     # an adapter artifact carries the tokenizer (and chat template) it was trained with
     tok_dir = ref.adapter_path if ref.adapter_path and has_tokenizer(ref.adapter_path) else ref.path
     tok = AutoTokenizer.from_pretrained(tok_dir, padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(ref.path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(ref.path, dtype=device.dtype())
     if ref.kind == "adapter":
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, ref.adapter_path, is_trainable=trainable_adapter)
-    if torch.cuda.is_available():
-        model = model.to("cuda")
+    model = device.place(model)
     model.eval()
     return model, tok

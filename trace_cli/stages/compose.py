@@ -340,19 +340,17 @@ def _test_transcripts(prepared: Prepared, names: list[str]):
 
 
 def _run_moe(prepared: Prepared, store: Store, path, doc, experts, gates_file: str) -> dict[str, Any]:
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trace_cli.compose.adapters import check_targets, load_lora
     from trace_cli.compose.moe import attach, load_gates, save_gates
     from trace_cli.compose.moe_train import build_examples, routing_accuracy, split, train_gates
+    from trace_cli.models import device
 
     cfg, m, base = prepared.config, prepared.config["moe"], prepared.extra["base"]
     names = [e["name"] for e in experts]
     tok = AutoTokenizer.from_pretrained(base.path)
-    model = AutoModelForCausalLM.from_pretrained(base.path, dtype=torch.float32)
-    if torch.cuda.is_available():
-        model = model.to("cuda")
+    model = device.place(AutoModelForCausalLM.from_pretrained(base.path, dtype=device.dtype()))
     loras = [load_lora(path / e["dir"], e["name"]) for e in experts]
     targets = check_targets(model, loras)
     layers, trace = attach(

@@ -142,11 +142,17 @@ def load_calibration_policy(model, store: Store, cfg: dict[str, Any]):
     sampling = calibration_sampling(cfg)
     if cfg["calibration"]["tokens"] and model.kind == "hf":
         from trace_cli.agents.token_history import TokenPolicy
+        from trace_cli.models import device
         from trace_cli.models.importer import context_of
         from trace_cli.models.refs import load_hf
 
         hf, tok = load_hf(model)
-        return TokenPolicy.sampling_as(hf, tok, sampling, max_context=context_of(hf.config), seed=cfg["seed"])
+        cache = (
+            device.prefix_cache()
+        )  # the calibration's weights never change: one cache for all its episodes
+        return TokenPolicy.sampling_as(
+            hf, tok, sampling, max_context=context_of(hf.config), seed=cfg["seed"], prefix_cache=cache
+        )
     return load_policy(model, **sampling.policy_kwargs(), seed=cfg["seed"])
 
 

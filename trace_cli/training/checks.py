@@ -134,8 +134,10 @@ def grpo_preflight(cfg: dict[str, Any], seeds: list[int], env, model, store) -> 
 
 
 def _check_devices(cfg: dict[str, Any]) -> None:
-    """use_vllm needs vllm and a CUDA GPU; precision bf16 a GPU."""
+    """use_vllm needs vllm and a CUDA GPU; precision bf16 a GPU (the device `$TRACE_DEVICE` resolves to)."""
     import importlib.util
+
+    from trace_cli.models import device
 
     if cfg["use_vllm"]:
         if importlib.util.find_spec("vllm") is None:
@@ -143,14 +145,10 @@ def _check_devices(cfg: dict[str, Any]) -> None:
                 "use_vllm: vllm is not installed (pip install 'trl[vllm]' on a GPU machine); "
                 "or drop use_vllm to generate with transformers"
             )
-        import torch
-
-        if not torch.cuda.is_available():
+        if not device.is_cuda():
             raise UsageError("use_vllm: vLLM generation needs a CUDA GPU; none is visible")
     if cfg["precision"] == "bf16":
-        import torch
-
-        if not torch.cuda.is_available():
+        if not device.is_cuda():
             raise UsageError("precision bf16 needs a GPU here; use precision auto or fp32 on CPU")
 
 

@@ -29,7 +29,8 @@ def process_group():
 
     cpu=True when no GPU is visible, as the Trainer will decide (use_cpu); else a GPU-less multi-process launch
     would be seen as N independent single processes."""
-    import torch
     from accelerate import PartialState
 
-    return PartialState(cpu=not torch.cuda.is_available())
+    from trace_cli.models import device
+
+    return PartialState(cpu=not device.is_cuda())

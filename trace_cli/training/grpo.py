@@ -97,13 +97,15 @@ def train_grpo(spec: GRPOSpec) -> GRPOResult:
     from transformers.utils import logging as hf_logging
     from trl import GRPOConfig
 
+    from trace_cli.models import device
+
     warnings.filterwarnings(
         "ignore", message=r".*(gradient_checkpointing|is_gradient_checkpointing).*deprecated"
     )
     if os.environ.get("TRACE_NO_PROGRESS") or not sys.stderr.isatty():
         hf_logging.disable_progress_bar()
 
-    cuda = torch.cuda.is_available()
+    cuda = device.is_cuda()
     bf16 = spec.precision == "bf16" or (spec.precision == "auto" and cuda and torch.cuda.is_bf16_supported())
     dtype = torch.bfloat16 if bf16 and cuda else torch.float32
     tok = AutoTokenizer.from_pretrained(spec.model_path, padding_side="left", truncation_side="left")

@@ -51,6 +51,7 @@ def _vllm_generate(trainer):
 def make_rollout_func(spec: GRPOSpec, tokenizer, max_context: int, state: dict[str, Any]):
     """TRL `rollout_func(prompts, trainer)`: one episode of our shared rollout loop per prompt entry."""
     from trace_cli.agents.token_history import TokenPolicy
+    from trace_cli.models import device
 
     replay = list(spec.replay)
     sampling = spec.sampling
@@ -94,6 +95,7 @@ def make_rollout_func(spec: GRPOSpec, tokenizer, max_context: int, state: dict[s
                 max_context=max_context,
                 seed=run_seed,
                 generate_fn=_vllm_generate(trainer) if spec.use_vllm else None,
+                prefix_cache=None if spec.use_vllm else device.prefix_cache(),  # fresh: these weights only
             )
             hints = hinted(hint_share, spec.num_generations)
             kw = {"max_turns": sampling.max_turns, "batch_size": spec.rollout_batch_size}

@@ -78,7 +78,7 @@ def probe(model, vocab: list[int], sep_ids, nl, n: int, seed: int) -> float:
             ctx, _ = copy_row(rng, vocab, sep_ids, nl, 48)
             key = [rng.choice(vocab) for _ in range(rng.randint(3, 8))]
             sep = rng.choice(sep_ids)
-            x = torch.tensor([ctx + key + sep])
+            x = torch.tensor([ctx + key + sep], device=model.device)
             out = model.generate(
                 x, attention_mask=torch.ones_like(x), max_new_tokens=len(key), do_sample=False
             )

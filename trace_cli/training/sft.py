@@ -178,6 +178,7 @@ def assistant_loss(model, ids, att, labels):
     import torch.nn.functional as F
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    ids, att, labels = (t.to(base.device) for t in (ids, att, labels))  # batches are built on the CPU
     h = base.model(input_ids=ids, attention_mask=att).last_hidden_state
     tgt = labels[:, 1:]
     sel = tgt != -100

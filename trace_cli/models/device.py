@@ -1,0 +1,84 @@
+"""The one device choice: `$TRACE_DEVICE` (auto | cpu | cuda | cuda:N; default auto), read here only.
+
+auto takes the first CUDA GPU when one is visible, else the CPU. Asking for a GPU that is not there is a usage
+error (exit 2), never a silent CPU fallback. Models load in bfloat16 on a GPU that supports it, else float32.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from trace_cli.errors import UsageError
+
+ENV = "TRACE_DEVICE"
+_FORM = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+def requested() -> str:
+    """What `$TRACE_DEVICE` asks for (auto when unset or empty), lower-cased and stripped."""
+    return (os.environ.get(ENV) or "auto").strip().lower() or "auto"
+
+
+def resolve(request: str | None = None) -> Any:
+    """The `torch.device` for `request` (default: `requested()`); a GPU asked for but not visible exits 2."""
+    req = requested() if request is None else request.strip().lower()
+    if not _FORM.match(req):
+        raise UsageError(f"{ENV}={req!r}: expected auto, cpu, cuda or cuda:N")
+    import torch
+
+    if req == "cpu" or (req == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if req == "auto":
+        return torch.device("cuda", 0)
+    if not torch.cuda.is_available():
+        raise UsageError(
+            f"{ENV}={req}: no CUDA GPU is visible here (torch {torch.__version__}, "
+            f"CUDA build {torch.version.cuda or 'none'})",
+            hint=f"unset {ENV} or set {ENV}=cpu to run on the CPU",
+        )
+    index = int(req.split(":")[1]) if ":" in req else 0
+    if index >= torch.cuda.device_count():
+        raise UsageError(f"{ENV}={req}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    return torch.device("cuda", index)
+
+
+def check() -> None:
+    """Fail early (exit 2, before anything is written) when `$TRACE_DEVICE` cannot be honoured. The default
+    (auto) and cpu need no torch import."""
+    if requested() not in ("auto", "cpu"):
+        resolve()
+
+
+def is_cuda(device: Any = None) -> bool:
+    """Whether the run's device (or `device`) is a CUDA GPU."""
+    return (resolve() if device is None else device).type == "cuda"
+
+
+def dtype(device: Any = None) -> Any:
+    """bfloat16 on a CUDA GPU that supports it, else float32 (every CPU)."""
+    import torch
+
+    dev = resolve() if device is None else device
+    if dev.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+def place(model: Any, device: Any = None) -> Any:
+    """`model` moved to the run's device (or `device`); the same object on the CPU."""
+    dev = resolve() if device is None else device
+    return model if dev.type == "cpu" else model.to(dev)
+
+
+PREFIX_CACHE_MIB = {"cpu": 512, "cuda": 4096}  # keys/values kept for prompts that episodes share
+
+
+def prefix_cache(dev: Any = None) -> Any:
+    """A `models.prefix_cache.PrefixCache` for one set of weights, sized for the run's device: eval,
+    calibration and GRPO rollouts prefill the system prompt and tool schemas their episodes share once."""
+    from trace_cli.models.prefix_cache import PrefixCache
+
+    kind = (resolve() if dev is None else dev).type
+    return PrefixCache(PREFIX_CACHE_MIB.get(kind, 512) << 20)
