@@ -7,6 +7,7 @@ import json
 import click
 
 from trace_cli.cli.common import info, open_store, store_option
+from trace_cli.errors import a
 
 # τ²-bench (LiteLLM) against two local servers: the agent under test and a local user simulator. The key
 # comes from the environment (LiteLLM's openai/ provider reads $OPENAI_API_KEY); τ²-bench writes the
@@ -122,7 +123,7 @@ def serve(
     ref = resolve_model(model_ref, open_store(store_dir))
     if ref.kind not in ("hf", "adapter", "composition"):
         raise UsageError(
-            f"{model_ref!r} is a {ref.kind} reference; trace serve serves local models, adapters and "
+            f"{model_ref!r} is {a(ref.kind)} reference; trace serve serves local models, adapters and "
             "compositions"
         )
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:

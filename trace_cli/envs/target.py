@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from trace_cli.errors import NotFoundError, UsageError
+from trace_cli.errors import NotFoundError, UsageError, a
 from trace_cli.store import Artifact, Store
 
 
@@ -36,7 +36,7 @@ def resolve_target(ref: Any, store: Store) -> dict[str, Any]:
         art = store.resolve(ref)
         if art.kind != "rollouts":
             raise UsageError(
-                f"target {ref!r} is a {art.kind} artifact; expected a registered environment "
+                f"target {ref!r} is {a(art.kind)} artifact; expected a registered environment "
                 "(e.g. shop) or a rollouts artifact"
             )
         return from_rollouts(art)

@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 from trace_cli.errors import UsageError
+from trace_cli.errors import a as article
 from trace_cli.stages.base import Prepared, checked_config
 from trace_cli.store import Artifact, Store
 from trace_cli.store.tables import GATE_METRICS
@@ -89,7 +90,7 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
         base = resolve_model(cfg["base"], store)
         if base.kind != "hf":
             raise UsageError(
-                f"--base {cfg['base']!r}: the base must be a model (store://model/NAME or an HF dir), not a {base.kind}"
+                f"--base {cfg['base']!r}: the base must be a model (store://model/NAME or an HF dir), not {article(base.kind)}"
             )
     else:
         base = adapter_base(adapters[0]["art"], store)
@@ -145,7 +146,7 @@ def _prepare_moe(cfg, store: Store, adapters, base, extra) -> list[dict[str, Any
         g = store.resolve(m["gates"], kind="composition")
         doc = read_composition(g.path)
         if doc["method"] != "moe":
-            raise UsageError(f"moe.gates: {g.uri} is a {doc['method']} composition; it has no gates")
+            raise UsageError(f"moe.gates: {g.uri} is {article(doc['method'])} composition; it has no gates")
         _, meta = read_gates(g.path / doc["gates"]["file"])
         check_gates(meta, base_digest=base.digest, experts=names, origin=f"moe.gates ({g.uri})")
         if doc["gates"]["context"] != m["context"]:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from trace_cli.config.schemas import load_schema
-from trace_cli.errors import CheckFailed, UsageError
+from trace_cli.errors import CheckFailed, UsageError, a
 from trace_cli.stages.base import Prepared, apply_defaults, checked_config
 from trace_cli.store import Artifact, Store
 from trace_cli.store.tables import GRPO_METRICS, SFT_METRICS
@@ -145,7 +145,7 @@ def _base_model(cfg: dict[str, Any], store: Store, expected: str):
 
     model = resolve_model(cfg["model"], store)
     if model.kind != "hf":
-        raise UsageError(f"--model {cfg['model']!r}: {expected} a {model.kind}")
+        raise UsageError(f"--model {cfg['model']!r}: {expected} {a(model.kind)}")
     return model
 
 

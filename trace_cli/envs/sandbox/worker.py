@@ -38,7 +38,7 @@ from typing import Any
 from trace_cli.envs.base import Observation, RewardBreakdown, StepResult
 from trace_cli.envs.sandbox import jail, leftovers, protocol
 from trace_cli.envs.sandbox.leftovers import SANDBOX_PREFIX, write_owner
-from trace_cli.errors import CheckFailed, UsageError
+from trace_cli.errors import CheckFailed, UsageError, a
 
 MAX_SOURCE_BYTES = 256 * 1024
 
@@ -325,7 +325,7 @@ class SandboxWorker:
 def _only(cls, d: dict[str, Any]) -> dict[str, Any]:
     names = {f.name for f in fields(cls)}
     if not isinstance(d, dict):
-        raise SandboxError(f"the module returned {type(d).__name__} where a {cls.__name__} was expected")
+        raise SandboxError(f"the module returned {type(d).__name__} where {a(cls.__name__)} was expected")
     return {k: v for k, v in d.items() if k in names}
 
 
