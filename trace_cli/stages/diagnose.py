@@ -158,17 +158,7 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
         cfg["resample"] == "auto" and getattr(analyst, "deterministic", False)
     )
     by_id = {e["episode_id"]: e for e in eps}
-    labels = []
-    fixed = analyst.label(eps, cands, 0, cfg["seed"]) if getattr(analyst, "deterministic", False) else None
-    for r in range(cfg["runs"]):
-        run_labels = (
-            [type(lb)(lb.episode_id, lb.capability, r, lb.label, lb.rationale) for lb in fixed]
-            if fixed is not None
-            else analyst.label(eps, cands, r, cfg["seed"] + r)
-        )
-        w = _weights(eps, r, cfg["seed"], bootstrap)
-        for lb in run_labels:
-            labels.append((lb, w.get(lb.episode_id, 0.0)))
+    labels = _label_runs(analyst, eps, cands, cfg, bootstrap)
     n_err = sum(1 for lb, _ in labels if lb.label == "ERROR")
     if labels and n_err > len(labels) / 2:
         # a diagnosis built on the few labels left would look like a result and be noise (issue 12)
@@ -183,52 +173,11 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
             "answer); they are left out of the counts",
             file=sys.stderr,
         )
-    per_run: dict[str, list] = {c.name: [] for c in cands}
-    examples: dict[str, list[str]] = {c.name: [] for c in cands}
-    for c in cands:
-        for r in range(cfg["runs"]):
-            rows = [
-                (by_id[lb.episode_id]["success"], lb.label, w)
-                for lb, w in labels
-                if lb.capability == c.name and lb.run == r
-            ]
-            per_run[c.name].append(run_stats(rows))
-        seen = []
-        for lb, _w in labels:
-            if lb.capability == c.name and lb.label == "LACKING" and not by_id[lb.episode_id]["success"]:
-                tid = str(by_id[lb.episode_id]["task_id"])
-                if tid not in seen:
-                    seen.append(tid)
-        examples[c.name] = seen
+    per_run, examples = _per_capability(cands, labels, by_id, cfg["runs"])
     sel = select(
         per_run, rho=cfg["coverage_min"], delta=cfg["delta_min"], k=cfg["min_runs"], examples=examples
     )
     desc = {c.name: c for c in cands}
-
-    def entry(s) -> dict[str, Any]:
-        d = {
-            "name": s.capability,
-            "description": desc[s.capability].description,
-            "mean_delta": round(s.mean_delta, 4),
-            "std_delta": round(s.std_delta, 4),
-            "mean_coverage": round(s.mean_coverage, 4),
-            "std_coverage": round(s.std_coverage, 4),
-            "runs_passed": s.runs_passed,
-            "runs_total": len(s.runs),
-            "example_failed_task_ids": s.example_failed,
-        }
-        if desc[s.capability].distractor:
-            d["distractor"] = True
-        if not s.selected:
-            why = []
-            if s.mean_coverage < cfg["coverage_min"]:
-                why.append(f"coverage {s.mean_coverage:.2f} < {cfg['coverage_min']}")
-            if s.mean_delta < cfg["delta_min"]:
-                why.append(f"delta {s.mean_delta:.2f} < {cfg['delta_min']}")
-            why.append(f"passed {s.runs_passed}/{len(s.runs)} runs < {cfg['min_runs']}")
-            d["reason"] = "; ".join(why)
-        return d
-
     n_fail = sum(1 for e in eps if not e["success"])
     doc = {
         "kind": "diagnosis",
@@ -243,46 +192,12 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
             "resample": "bootstrap" if bootstrap else "none",
         },
         "episodes": {"failed": n_fail, "passed": len(eps) - n_fail},
-        "selected": [entry(s) for s in sel if s.selected],
-        "rejected": [entry(s) for s in sel if not s.selected],
+        "selected": [_entry(s, desc, cfg) for s in sel if s.selected],
+        "rejected": [_entry(s, desc, cfg) for s in sel if not s.selected],
     }
     validate(doc, "diagnosis.v1.json", source=CAPS_FILE)
     with prepared.writer(store, "diagnosis", name=name, overrides=overrides, replace=replace) as w:
-        (w.path / CAPS_FILE).write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=110))
-        (w.path / CANDIDATES_FILE).write_text(
-            yaml.safe_dump(
-                {"kind": "capabilities", "version": 1, "capabilities": [c.to_dict() for c in cands]},
-                sort_keys=False,
-                allow_unicode=True,
-                width=110,
-            )
-        )
-        rows = [
-            {
-                "episode_id": lb.episode_id,
-                "task_id": str(by_id[lb.episode_id]["task_id"]),
-                "success": bool(by_id[lb.episode_id]["success"]),
-                "capability": lb.capability,
-                "run": lb.run,
-                "label": lb.label,
-                "weight": wt,
-                "rationale": lb.rationale,
-                "analyst": cfg["analyst"],
-            }
-            for lb, wt in labels
-        ]
-        LABELS.write(rows, w.path, compression="zstd")
-        run_rows = [
-            {
-                "capability": s.capability,
-                "run": i,
-                **{k: v for k, v in rs.to_dict().items() if k in CAPABILITY_RUNS.names},
-                "passed": p,
-            }
-            for s in sel
-            for i, (rs, p) in enumerate(zip(s.runs, s.passed, strict=True))
-        ]
-        CAPABILITY_RUNS.write(run_rows, w.path)
+        _write_tables(w.path, doc, cands, labels, by_id, sel, cfg["analyst"])
         w.summary.update(
             {
                 "selected": [d["name"] for d in doc["selected"]],
@@ -295,3 +210,108 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
         )
 
     return {"diagnosis": w.artifact}
+
+
+def _label_runs(analyst, eps: list[dict[str, Any]], cands: list, cfg: Any, bootstrap: bool) -> list[tuple]:
+    """(label, episode weight) of every labelling run; a deterministic analyst labels once for all runs."""
+    labels = []
+    fixed = analyst.label(eps, cands, 0, cfg["seed"]) if getattr(analyst, "deterministic", False) else None
+    for r in range(cfg["runs"]):
+        run_labels = (
+            [type(lb)(lb.episode_id, lb.capability, r, lb.label, lb.rationale) for lb in fixed]
+            if fixed is not None
+            else analyst.label(eps, cands, r, cfg["seed"] + r)
+        )
+        w = _weights(eps, r, cfg["seed"], bootstrap)
+        for lb in run_labels:
+            labels.append((lb, w.get(lb.episode_id, 0.0)))
+    return labels
+
+
+def _per_capability(cands: list, labels: list[tuple], by_id: dict[str, Any], runs: int):
+    """Per capability: its RunStats of each run, and the failed tasks that lack it (first seen first)."""
+    per_run: dict[str, list] = {c.name: [] for c in cands}
+    examples: dict[str, list[str]] = {c.name: [] for c in cands}
+    for c in cands:
+        for r in range(runs):
+            rows = [
+                (by_id[lb.episode_id]["success"], lb.label, w)
+                for lb, w in labels
+                if lb.capability == c.name and lb.run == r
+            ]
+            per_run[c.name].append(run_stats(rows))
+        seen = []
+        for lb, _w in labels:
+            if lb.capability == c.name and lb.label == "LACKING" and not by_id[lb.episode_id]["success"]:
+                tid = str(by_id[lb.episode_id]["task_id"])
+                if tid not in seen:
+                    seen.append(tid)
+        examples[c.name] = seen
+    return per_run, examples
+
+
+def _entry(s, desc: dict[str, Any], cfg: Any) -> dict[str, Any]:
+    """A capability's entry in capabilities.yaml: its numbers, and why it was not selected."""
+    d = {
+        "name": s.capability,
+        "description": desc[s.capability].description,
+        "mean_delta": round(s.mean_delta, 4),
+        "std_delta": round(s.std_delta, 4),
+        "mean_coverage": round(s.mean_coverage, 4),
+        "std_coverage": round(s.std_coverage, 4),
+        "runs_passed": s.runs_passed,
+        "runs_total": len(s.runs),
+        "example_failed_task_ids": s.example_failed,
+    }
+    if desc[s.capability].distractor:
+        d["distractor"] = True
+    if not s.selected:
+        why = []
+        if s.mean_coverage < cfg["coverage_min"]:
+            why.append(f"coverage {s.mean_coverage:.2f} < {cfg['coverage_min']}")
+        if s.mean_delta < cfg["delta_min"]:
+            why.append(f"delta {s.mean_delta:.2f} < {cfg['delta_min']}")
+        why.append(f"passed {s.runs_passed}/{len(s.runs)} runs < {cfg['min_runs']}")
+        d["reason"] = "; ".join(why)
+    return d
+
+
+def _write_tables(
+    path, doc: dict[str, Any], cands: list, labels: list[tuple], by_id, sel, analyst: str
+) -> None:
+    """A diagnosis artifact's files: capabilities.yaml, candidates.yaml, the labels and per-run numbers."""
+    (path / CAPS_FILE).write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=110))
+    (path / CANDIDATES_FILE).write_text(
+        yaml.safe_dump(
+            {"kind": "capabilities", "version": 1, "capabilities": [c.to_dict() for c in cands]},
+            sort_keys=False,
+            allow_unicode=True,
+            width=110,
+        )
+    )
+    rows = [
+        {
+            "episode_id": lb.episode_id,
+            "task_id": str(by_id[lb.episode_id]["task_id"]),
+            "success": bool(by_id[lb.episode_id]["success"]),
+            "capability": lb.capability,
+            "run": lb.run,
+            "label": lb.label,
+            "weight": wt,
+            "rationale": lb.rationale,
+            "analyst": analyst,
+        }
+        for lb, wt in labels
+    ]
+    LABELS.write(rows, path, compression="zstd")
+    run_rows = [
+        {
+            "capability": s.capability,
+            "run": i,
+            **{k: v for k, v in rs.to_dict().items() if k in CAPABILITY_RUNS.names},
+            "passed": p,
+        }
+        for s in sel
+        for i, (rs, p) in enumerate(zip(s.runs, s.passed, strict=True))
+    ]
+    CAPABILITY_RUNS.write(run_rows, path)
