@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from compose_helpers import CAPS, TARGET
-from trace_testing import run_cli
+from trace_testing import short_eval
 
 from trace_cli.stages.base import execute
 
@@ -126,21 +126,7 @@ def test_kv_cached_generation_equals_uncached(loaded):
 
 
 def test_moe_evaluates_on_shop(moe_art, composed_store):
-    r = run_cli(
-        "eval",
-        "--model",
-        "store://composition/c-moe",
-        "--env",
-        "shop",
-        "--seeds",
-        "0:2",
-        "--max-turns",
-        "2",
-        "--max-new-tokens",
-        "6",
-        "--store",
-        composed_store.root,
-    )
+    r = short_eval("store://composition/c-moe", composed_store.root)
     assert r.exit_code == 0, r.output
     assert composed_store.list("eval")
 
