@@ -3,33 +3,18 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
+from trace_testing import REPO, run_benchmark
 
 
 @pytest.mark.slow
 def test_train_bench_quick(tmp_path):
     out = tmp_path / "bench.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "benchmarks" / "train_bench.py"),
-            "--quick",
-            "--multi-turn-turns",
-            "0",
-            "--workdir",
-            str(tmp_path / "work"),
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
+    work = tmp_path / "work"
+    proc = run_benchmark(
+        "train_bench.py", "--quick", "--multi-turn-turns", "0", "--workdir", work, "--out", out
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(out.read_text())
