@@ -47,6 +47,18 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> Result:
         return Result(code, out.getvalue().decode(), err.getvalue().decode())
 
 
+def run_benchmark(script: str, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """benchmarks/SCRIPT with `args` in a subprocess of this interpreter (stdout and stderr captured)."""
+    cmd = [sys.executable, str(REPO / "benchmarks" / script), *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def short_eval(model: str, store_root, *extra: str) -> Result:
+    """`trace eval` of `model` on shop, two seeds of at most two turns and six new tokens each."""
+    args = ("--env", "shop", "--seeds", "0:2", "--max-turns", "2", "--max-new-tokens", "6")
+    return run_cli("eval", "--model", model, *args, "--store", str(store_root), *extra)
+
+
 def run_trace(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 120):
     """Run the installed `trace` console script in a real subprocess."""
     e = dict(os.environ)

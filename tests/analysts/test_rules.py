@@ -23,39 +23,38 @@ def test_precondition_na_without_writes(ep):
     assert rules.precondition_verification(t)[0] == NA
 
 
+READ_W1 = ("get_order", {"order_id": "#W1"}, ORDER)
+CANCEL_W1 = ("cancel_order", {"order_id": "#W1"}, '{"status": "cancelled"}')
+BOTH = "Cancel #W1 and move #W2 to Paris"
+
+
+def _episode(ep, reference, user: str, *turns):
+    """A trajectory: the user's request, then each turn a tool call (name, arguments, result[, error]) or an
+    agent message."""
+    b = ep(reference=reference).user(user)
+    for turn in turns:
+        b = b.agent(turn) if isinstance(turn, str) else b.call(*turn[:3], error=len(turn) > 3 and turn[3])
+    return T(b)
+
+
 def test_precondition_present_when_read_first(ep):
     ref = [
         {"name": "get_order", "arguments": {"order_id": "#W1"}},
         {"name": "cancel_order", "arguments": {"order_id": "#W1"}},
     ]
-    t = T(
-        ep(reference=ref)
-        .user("Cancel #W1")
-        .call("get_order", {"order_id": "#W1"}, ORDER)
-        .call("cancel_order", {"order_id": "#W1"}, '{"status": "cancelled"}')
-    )
+    t = _episode(ep, ref, "Cancel #W1", READ_W1, CANCEL_W1)
     assert rules.precondition_verification(t)[0] == PRESENT
 
 
 def test_precondition_lacking_when_write_without_read(ep):
     ref = [{"name": "cancel_order", "arguments": {"order_id": "#W1"}}]
-    t = T(
-        ep(reference=ref)
-        .user("Cancel #W1")
-        .call("cancel_order", {"order_id": "#W1"}, '{"status": "cancelled"}')
-    )
-    lab, why = rules.precondition_verification(t)
+    lab, why = rules.precondition_verification(_episode(ep, ref, "Cancel #W1", CANCEL_W1))
     assert lab == LACKING and "without reading" in why
 
 
 def test_precondition_lacking_when_reference_forbids_the_write(ep):
-    t = T(
-        ep(reference=[{"name": "get_order", "arguments": {"order_id": "#W1"}}])
-        .user("Cancel #W1")
-        .call("get_order", {"order_id": "#W1"}, ORDER)
-        .call("cancel_order", {"order_id": "#W1"}, "{}")
-    )
-    lab, why = rules.precondition_verification(t)
+    ref = [{"name": "get_order", "arguments": {"order_id": "#W1"}}]
+    lab, why = rules.precondition_verification(_episode(ep, ref, "Cancel #W1", READ_W1, CANCEL_W1))
     assert lab == LACKING and "reference does not do it" in why
 
 
@@ -74,39 +73,22 @@ def test_multi_step_na_without_reference_or_with_one_write(ep):
 
 
 def test_multi_step_lacking_when_some_but_not_all_writes_done(ep):
-    t = T(
-        ep(reference=TWO_WRITES)
-        .user("Cancel #W1 and move #W2 to Paris")
-        .call("cancel_order", {"order_id": "#W1"}, '{"status": "cancelled"}')
-        .agent("All done!")
-    )
-    lab, why = rules.multi_step_completion(t)
+    lab, why = rules.multi_step_completion(_episode(ep, TWO_WRITES, BOTH, CANCEL_W1, "All done!"))
     assert lab == LACKING and "1 of 2" in why
 
 
 def test_multi_step_present_when_all_or_none_done(ep):
-    t = T(
-        ep(reference=TWO_WRITES)
-        .user("Cancel #W1 and move #W2 to Paris")
-        .call("cancel_order", {"order_id": "#W1"}, "{}")
-        .call("modify_order_address", {"order_id": "W2", "city": "Paris"}, "{}")
-    )
+    move_w2 = ("modify_order_address", {"order_id": "W2", "city": "Paris"}, "{}")
+    t = _episode(ep, TWO_WRITES, BOTH, CANCEL_W1, move_w2)
     assert rules.multi_step_completion(t)[0] == PRESENT  # "W2" matches "#W2" by value
-    none = T(ep(reference=TWO_WRITES).user("Cancel #W1 and move #W2 to Paris").agent("I cannot do that."))
+    none = _episode(ep, TWO_WRITES, BOTH, "I cannot do that.")
     lab, why = rules.multi_step_completion(none)
     assert lab == PRESENT and "borderline" in why
 
 
 def test_multi_step_failed_write_does_not_count(ep):
-    t = T(
-        ep(reference=TWO_WRITES)
-        .user("x")
-        .call("cancel_order", {"order_id": "#W1"}, "{}")
-        .call(
-            "modify_order_address", {"order_id": "#W2", "city": "Paris"}, "Error: address invalid", error=True
-        )
-    )
-    assert rules.multi_step_completion(t)[0] == LACKING
+    failed = ("modify_order_address", {"order_id": "#W2", "city": "Paris"}, "Error: address invalid", True)
+    assert rules.multi_step_completion(_episode(ep, TWO_WRITES, "x", CANCEL_W1, failed))[0] == LACKING
 
 
 # ------------------------------------------------------------------ tool_calling_precision

@@ -108,6 +108,11 @@ def make_files(w: Path, model_hf: Path) -> None:
             fh.write(f"  - id: s{i}\n    uses: ingest\n    with: {{format: jsonl, path: good.jsonl}}\n")
 
 
+EVAL_REFERENCE = ["eval", "--model", "policy:reference", "--env", "shop"]
+SYNTH_RANDOM = ["synthesize", "--diagnosis", "store://diagnosis/diag", "--model", "policy:random"]
+DIAGNOSE_GOOD = ["diagnose", "--rollouts", "store://rollouts/good"]
+
+
 def _c(group, args, needles, code=2):
     return (group, args, needles, code)
 
@@ -173,24 +178,15 @@ CASES: dict[str, tuple[str, list[str], list[str], int]] = {
         "ingest jsonl", ["ingest", "xml", "{W}/good.jsonl"], ["No such command 'xml'"]
     ),
     # ----------------------------------------------------------------------------------- eval
-    "eval_seeds_beyond_int64": _c(
-        "eval", ["eval", "--model", "policy:reference", "--env", "shop", "--seeds", INT64_PLUS], ["2**63-1"]
-    ),
-    "eval_ten_billion_seeds": _c(
-        "eval",
-        ["eval", "--model", "policy:reference", "--env", "shop", "--seeds", "0:9999999999"],
-        ["at most 1,000,000 per run"],
-    ),
-    "eval_seeds_not_a_range": _c(
-        "eval",
-        ["eval", "--model", "policy:reference", "--env", "shop", "--seeds", "abc"],
-        ["not a range A:B"],
-    ),
-    "eval_seeds_empty": _c(
-        "eval",
-        ["eval", "--model", "policy:reference", "--env", "shop", "--seeds", "5:5"],
-        ["empty or negative"],
-    ),
+    **{
+        f"eval_{case}": _c("eval", [*EVAL_REFERENCE, "--seeds", seeds], needles)
+        for case, (seeds, needles) in {
+            "seeds_beyond_int64": (INT64_PLUS, ["2**63-1"]),
+            "ten_billion_seeds": ("0:9999999999", ["at most 1,000,000 per run"]),
+            "seeds_not_a_range": ("abc", ["not a range A:B"]),
+            "seeds_empty": ("5:5", ["empty or negative"]),
+        }.items()
+    },
     "eval_pickled_model": _c(
         "eval",
         ["eval", "--model", "{W}/pickled", "--env", "shop", "--seeds", "0:2"],
@@ -258,15 +254,7 @@ CASES: dict[str, tuple[str, list[str], list[str], int]] = {
     ),
     "synth_not_selected": _c(
         "synthesize",
-        [
-            "synthesize",
-            "--diagnosis",
-            "store://diagnosis/diag",
-            "--model",
-            "policy:random",
-            "--capability",
-            "zz",
-        ],
+        [*SYNTH_RANDOM, "--capability", "zz"],
         ["'zz' is not selected"],
     ),
     "synth_pickled_model": _c(
@@ -277,54 +265,28 @@ CASES: dict[str, tuple[str, list[str], list[str], int]] = {
     "synth_seeds_beyond_int64": _c("synthesize", ["run", "{W}/r_seeds.yaml"], ["seeds.train", "2**63-1"]),
     "synth_openai_without_url": _c(
         "synthesize",
-        [
-            "synthesize",
-            "--diagnosis",
-            "store://diagnosis/diag",
-            "--model",
-            "policy:random",
-            "--author",
-            "openai",
-        ],
+        [*SYNTH_RANDOM, "--author", "openai"],
         ["base_url"],
     ),
     # ----------------------------------------------------------------------------------- diagnose
-    "diag_candidates_syntax": _c(
-        "diagnose",
-        ["diagnose", "--rollouts", "store://rollouts/good", "--candidates", "{W}/cand_syntax.yaml"],
-        ["candidates: {W}/cand_syntax.yaml:2:1: invalid YAML"],
-    ),
-    "diag_candidates_duplicate_key": _c(
-        "diagnose",
-        ["diagnose", "--rollouts", "store://rollouts/good", "--candidates", "{W}/cand_dup.yaml"],
-        ["duplicate key 'kind'"],
-    ),
-    "diag_candidates_schema": _c(
-        "diagnose",
-        ["diagnose", "--rollouts", "store://rollouts/good", "--candidates", "{W}/cand_schema.yaml"],
-        ["cand_schema.yaml: 2 validation errors", "'description' is a required property"],
-    ),
-    "diag_candidates_not_utf8": _c(
-        "diagnose",
-        ["diagnose", "--rollouts", "store://rollouts/good", "--candidates", "{W}/cand_latin1.yaml"],
-        ["not a UTF-8 text file"],
-    ),
-    "diag_candidates_fifo": _c(
-        "diagnose", ["diagnose", "--rollouts", "store://rollouts/good", "--candidates", "{W}/fifo"], NOT_FILE
-    ),
-    "diag_candidates_dir": _c(
-        "diagnose",
-        ["diagnose", "--rollouts", "store://rollouts/good", "--candidates", "{W}/adir"],
-        ["directory"],
-    ),
-    "diag_candidates_missing": _c(
-        "diagnose",
-        ["diagnose", "--rollouts", "store://rollouts/good", "--candidates", "{W}/nope.yaml"],
-        ["no such file (use 'catalog', 'discover' or a capabilities YAML)"],
-    ),
+    **{
+        f"diag_candidates_{case}": _c("diagnose", [*DIAGNOSE_GOOD, "--candidates", f"{{W}}/{file}"], needles)
+        for case, (file, needles) in {
+            "syntax": ("cand_syntax.yaml", ["candidates: {W}/cand_syntax.yaml:2:1: invalid YAML"]),
+            "duplicate_key": ("cand_dup.yaml", ["duplicate key 'kind'"]),
+            "schema": (
+                "cand_schema.yaml",
+                ["cand_schema.yaml: 2 validation errors", "'description' is a required property"],
+            ),
+            "not_utf8": ("cand_latin1.yaml", ["not a UTF-8 text file"]),
+            "fifo": ("fifo", NOT_FILE),
+            "dir": ("adir", ["directory"]),
+            "missing": ("nope.yaml", ["no such file (use 'catalog', 'discover' or a capabilities YAML)"]),
+        }.items()
+    },
     "diag_min_runs_over_runs": _c(
         "diagnose",
-        ["diagnose", "--rollouts", "store://rollouts/good", "--runs", "3", "--min-runs", "5"],
+        [*DIAGNOSE_GOOD, "--runs", "3", "--min-runs", "5"],
         ["min_runs (K=5) cannot exceed runs (N=3)"],
     ),
     "diag_missing_rollouts": _c("diagnose", ["diagnose", "--rollouts", "store://rollouts/nope"], ["nope"]),

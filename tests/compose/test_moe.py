@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from compose_helpers import CAPS, TARGET
-from trace_testing import run_cli
+from trace_testing import short_eval
 
 from trace_cli.stages.base import execute
 
@@ -100,14 +100,19 @@ def test_one_episode_crossing_two_capabilities_switches_experts(loaded):
     assert any(v[2] > 0 for v in votes[n_first:]), votes
 
 
-def test_kv_cached_generation_equals_uncached(loaded):
-    model, tok, _doc, extra = loaded
-    ep = _episode("cx-tcp", 5)
+def _padded_prompts(tok, short: str):
+    """A left-padded batch of two prompts: a shop conversation's opening and `short`."""
     from trace_cli.models.chat import render
 
-    prompts = [render(tok, ep.messages[:3], ep.tools, add_generation_prompt=True), "Hello"]
+    ep = _episode("cx-tcp", 5)
+    prompts = [render(tok, ep.messages[:3], ep.tools, add_generation_prompt=True), short]
     tok.padding_side = "left"
-    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    return tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+
+
+def test_kv_cached_generation_equals_uncached(loaded):
+    model, tok, _doc, extra = loaded
+    enc = _padded_prompts(tok, "Hello")
     trace = extra["trace"]
     trace.record = True
     trace.clear()
@@ -126,21 +131,7 @@ def test_kv_cached_generation_equals_uncached(loaded):
 
 
 def test_moe_evaluates_on_shop(moe_art, composed_store):
-    r = run_cli(
-        "eval",
-        "--model",
-        "store://composition/c-moe",
-        "--env",
-        "shop",
-        "--seeds",
-        "0:2",
-        "--max-turns",
-        "2",
-        "--max-new-tokens",
-        "6",
-        "--store",
-        composed_store.root,
-    )
+    r = short_eval("store://composition/c-moe", composed_store.root)
     assert r.exit_code == 0, r.output
     assert composed_store.list("eval")
 
@@ -246,12 +237,7 @@ def test_inference_path_routes_and_computes_as_the_training_path(loaded):
     layers fed the same input, with O(1) decode updates): same routing and logits as the path gates are
     trained on, for a padded batch, at prefill and at every cached decode step."""
     model, tok, _doc, extra = loaded
-    ep = _episode("cx-tcp", 5)
-    from trace_cli.models.chat import render
-
-    prompts = [render(tok, ep.messages[:3], ep.tools, add_generation_prompt=True), "Hello there"]
-    tok.padding_side = "left"
-    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    enc = _padded_prompts(tok, "Hello there")
     trace = extra["trace"]
     with torch.no_grad():
         fast_logits, fast_choices = _steps(model, enc, 6, trace)

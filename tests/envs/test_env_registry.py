@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
+from echo_env import EchoEnv
 
 from trace_cli.envs import registry
 from trace_cli.envs.base import Environment
@@ -75,57 +77,22 @@ def test_store_references_need_a_store():
         make_env("store://environment/abc", store=object())
 
 
-class _TinyEnv:
-    """The smallest environment that satisfies the protocol: one message ends it with reward 1."""
-
-    name = "tiny"
-
-    def __init__(self, max_turns: int = 3, greeting: str = "hi"):
-        self.max_turns = max_turns
-        self.greeting = greeting
-        self.said: list[str] = []
-
-    def reset(self, seed):
-        from trace_cli.envs.base import Observation
-
-        self.said = []
-        return Observation("be nice", [], [{"role": "user", "content": self.greeting}], f"tiny-{seed}")
-
-    def step(self, action):
-        from trace_cli.envs.base import StepResult
-
-        self.said.append(action.get("content", ""))
-        return StepResult("bye", "user", True, self.verify().reward)
-
-    def verify(self):
-        from trace_cli.envs.base import RewardBreakdown
-
-        ok = any(self.greeting in s for s in self.said)
-        return RewardBreakdown(float(ok), ok)
-
-    def task_metadata(self):
-        return {"task_id": "tiny", "family": "tiny", "required_capabilities": [], "reference_actions": []}
-
-    def reference_actions(self):
-        return [{"content": self.greeting}]
-
-
 def test_register_checks_names_duplicates_and_params():
-    register("tiny-test", _TinyEnv)
+    register("tiny-test", EchoEnv)
     try:
         with pytest.raises(UsageError, match="already registered"):
-            register("tiny-test", _TinyEnv)
-        register("tiny-test", _TinyEnv, overwrite=True)
+            register("tiny-test", EchoEnv)
+        register("tiny-test", EchoEnv, overwrite=True)
         assert "tiny-test" in list_envs()
-        env = make_env("tiny-test?greeting=hello")
-        assert env.greeting == "hello"
+        env = make_env("tiny-test?word=hello")
+        assert env.word == "hello"
         with pytest.raises(UsageError, match="'colour'"):
             make_env("tiny-test", colour="red")
     finally:
         registry.unregister("tiny-test")
     assert "tiny-test" not in list_envs()
     with pytest.raises(UsageError, match="invalid environment name"):
-        register("9lives", _TinyEnv)
+        register("9lives", EchoEnv)
     with pytest.raises(UsageError, match="not callable"):
         register("thing", 3)
 
@@ -139,39 +106,8 @@ def test_factory_returning_a_non_environment_is_rejected():
         registry.unregister("not-an-env")
 
 
-PLUGIN = '''
-"""A third-party environment distributed as its own package."""
-from trace_cli.envs.base import Observation, RewardBreakdown, StepResult
-
-
-class EchoEnv:
-    name = "echo"
-
-    def __init__(self, word="ping", max_turns=2):
-        self.word, self.max_turns, self.said = word, max_turns, []
-
-    def reset(self, seed):
-        self.said = []
-        return Observation("repeat the word", [], [{"role": "user", "content": self.word}], f"echo-{seed}")
-
-    def step(self, action):
-        self.said.append(action.get("content", ""))
-        return StepResult("ok", "user", True, self.verify().reward)
-
-    def verify(self):
-        ok = self.word in self.said
-        return RewardBreakdown(float(ok), ok)
-
-    def task_metadata(self):
-        return {"task_id": "echo", "family": "echo", "required_capabilities": [], "reference_actions": []}
-
-    def reference_actions(self):
-        return [{"content": self.word}]
-
-
-def make_echo(**params):
-    return EchoEnv(**params)
-'''
+# the third-party package the discovery test installs (a copy of echo_env.py under its own name)
+PLUGIN = (Path(__file__).parent / "echo_env.py").read_text()
 
 
 def test_entry_point_discovery(tmp_path, monkeypatch):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-import tinymodel
 from tinymodel import noisy_copy
 
 from trace_cli.compose.policy import load_policy
@@ -13,18 +11,8 @@ from trace_cli.models.chat import render
 from trace_cli.models.refs import resolve_model
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    return tinymodel.tiny(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def noisy(tiny_model, tmp_path_factory):
-    return resolve_model(str(noisy_copy(tiny_model, tmp_path_factory.mktemp("noisy-hf") / "hf")))
-
-
-def test_records_the_exact_prompt_and_completion_tokens(noisy):
-    policy = load_policy(noisy, max_new_tokens=12)
+def test_records_the_exact_prompt_and_completion_tokens(noisy_ref):
+    policy = load_policy(noisy_ref, max_new_tokens=12)
     policy.record_tokens = True
     eps = rollout(policy, lambda: make_env("shop"), [(s, 0) for s in range(4)], max_turns=3, batch_size=4)
     tok = policy.tok

@@ -7,7 +7,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-import tinymodel
 from trace_testing import run_cli  # noqa: E402
 
 from trace_cli.models.importer import META_FILE, renders_tools  # noqa: E402
@@ -16,11 +15,6 @@ PLAIN_CHATML = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
     "'<|im_end|>\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    return tinymodel.tiny(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

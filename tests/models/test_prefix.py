@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import tinymodel
 
 from trace_cli.agents.base import text_turn
 from trace_cli.agents.scripted import RandomPolicy
@@ -21,11 +20,6 @@ from trace_cli.envs.rollout import replay, rollout
 from trace_cli.models.chat import render
 
 SEEDS = range(12)  # two tasks of each of the six families
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    return tinymodel.tiny(tmp_path_factory)
 
 
 def _episodes():

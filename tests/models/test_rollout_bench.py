@@ -6,16 +6,9 @@ import importlib.util
 import json
 from pathlib import Path
 
-import pytest
-import tinymodel
 from tinymodel import CONFIG
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "rollout_bench.py"
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    return tinymodel.tiny(tmp_path_factory)
 
 
 def test_rollout_bench_smoke(tiny_model, tmp_path):

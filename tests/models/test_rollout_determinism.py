@@ -10,27 +10,14 @@ batch is refilled mid-run: rows of different lengths at different turns share ev
 from __future__ import annotations
 
 import pytest
-import tinymodel
-from tinymodel import noisy_copy
 
 from trace_cli.compose.policy import load_policy
 from trace_cli.envs.registry import make_env
 from trace_cli.envs.rollout import rollout
-from trace_cli.models.refs import resolve_model
 
 SEEDS = list(range(10))
 MAX_TURNS = 5
 MAX_NEW = 24
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    return tinymodel.tiny(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def noisy_ref(tiny_model, tmp_path_factory):
-    return resolve_model(str(noisy_copy(tiny_model, tmp_path_factory.mktemp("noisy") / "hf")))
 
 
 def _run(ref, batch_size, *, temperature=0.0, seed=0, seeds=SEEDS, max_turns=MAX_TURNS):

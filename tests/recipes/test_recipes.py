@@ -174,40 +174,33 @@ def _invalid(recipe_path, store, *needles, args=()):
     return r
 
 
+def _rollouts_from(tmp_path, name: str, refs: dict[int, str]):
+    """A copy of STEPS whose steps take their `rollouts` from `refs` ({step index: reference}), written."""
+    steps = json.loads(json.dumps(STEPS))
+    for i, ref in refs.items():
+        steps[i]["with"]["rollouts"] = ref
+    return write_recipe(tmp_path / name, steps)
+
+
 def test_cycle_is_rejected_before_anything_runs(recipe, store, tmp_path):
-    steps = json.loads(json.dumps(STEPS))
-    steps[2]["with"]["rollouts"] = "${steps.count_b.outputs.report}"
-    steps[3]["with"]["rollouts"] = "${steps.count_a.outputs.report}"
-    _invalid(write_recipe(tmp_path / "cycle.yaml", steps), store, "cycle: count_a -> count_b -> count_a")
-    # a self-reference
-    steps = json.loads(json.dumps(STEPS))
-    steps[2]["with"]["rollouts"] = "${steps.count_a.outputs.report}"
-    _invalid(
-        write_recipe(tmp_path / "self.yaml", steps),
-        store,
-        "steps[2].with.rollouts: step 'count_a' refers to its own output",
-    )
+    cycle = {2: "${steps.count_b.outputs.report}", 3: "${steps.count_a.outputs.report}"}
+    _invalid(_rollouts_from(tmp_path, "cycle.yaml", cycle), store, "cycle: count_a -> count_b -> count_a")
+    own = _rollouts_from(tmp_path, "self.yaml", {2: "${steps.count_a.outputs.report}"})
+    _invalid(own, store, "steps[2].with.rollouts: step 'count_a' refers to its own output")
 
 
 def test_dangling_reference_and_bad_output_name(recipe, store, tmp_path):
     run(recipe, store, "--to", "a")  # a non-empty store must stay untouched too
-    steps = json.loads(json.dumps(STEPS))
-    steps[2]["with"]["rollouts"] = "${steps.nowhere.outputs.rollouts}"
-    steps[3]["with"]["rollouts"] = "${steps.b.outputs.episodes}"
+    refs = {2: "${steps.nowhere.outputs.rollouts}", 3: "${steps.b.outputs.episodes}"}
     r = _invalid(
-        write_recipe(tmp_path / "dangling.yaml", steps),
+        _rollouts_from(tmp_path, "dangling.yaml", refs),
         store,
         "steps[2].with.rollouts: dangling reference ${steps.nowhere.outputs.rollouts}: no step 'nowhere'",
         "steps[3].with.rollouts: step 'b' (ingest) has no output 'episodes'; outputs: rollouts",
     )
     assert "2 validation errors" in r.stderr
-    steps = json.loads(json.dumps(STEPS))
-    steps[2]["with"]["rollouts"] = "${steps.a.output.rollouts}"
-    _invalid(
-        write_recipe(tmp_path / "typo.yaml", steps),
-        store,
-        "cannot parse reference '${steps.a.output.rollouts}'",
-    )
+    typo = _rollouts_from(tmp_path, "typo.yaml", {2: "${steps.a.output.rollouts}"})
+    _invalid(typo, store, "cannot parse reference '${steps.a.output.rollouts}'")
 
 
 def test_unknown_stage_duplicate_ids_and_bad_config(store, tmp_path):

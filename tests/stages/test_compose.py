@@ -15,7 +15,7 @@ from compose_helpers import (  # noqa: E402, F401
     make_adapter,
     tiny,
 )
-from trace_testing import run_cli, snapshot  # noqa: E402
+from trace_testing import run_cli, short_eval, snapshot  # noqa: E402
 
 from trace_cli.stages.base import execute  # noqa: E402
 
@@ -51,22 +51,7 @@ def test_build_and_eval_on_shop(composed_store, tiny, method):
         assert [e["label"] for e in doc["experts"]] == ["B", "C"] and doc["settings"]["router"][
             "top_p"
         ] == 0.8
-    r = run_cli(
-        "eval",
-        "--model",
-        f"store://composition/t-{method}",
-        "--env",
-        "shop",
-        "--seeds",
-        "0:2",
-        "--max-turns",
-        "2",
-        "--max-new-tokens",
-        "6",
-        "--store",
-        st.root,
-        "--json",
-    )
+    r = short_eval(f"store://composition/t-{method}", st.root, "--json")
     assert r.exit_code == 0, r.output
     again = run_cli("compose", "--method", method, *ADAPTERS, "--store", st.root)  # base inferred: same id
     assert again.exit_code == 0 and "up to date" in again.output

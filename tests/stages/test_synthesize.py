@@ -62,22 +62,45 @@ def in_band(monkeypatch):
     )
 
 
+def synth_cli(root, diag, *args, capability=None, model="policy:random"):
+    """`trace synthesize` of a diagnosis (one capability, or every selected one) with the random policy."""
+    cap = ("--capability", capability) if capability else ()
+    return run_cli("synthesize", "--diagnosis", diag, *cap, "--model", model, *args, "--store", root)
+
+
+def reference_pass_at_1(st, env: str, seeds: str) -> float:
+    """pass@1 of the reference policy on `env` (`trace eval --json`)."""
+    r = run_cli(
+        "eval", "--env", env, "--model", "policy:reference", "--seeds", seeds, "--json", "--store", st.root
+    )
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)["summary"]["pass@1"]
+
+
+def synthesize_authored(st, diag, capability, llm, *, author="openai", name=None, **config):
+    """Stage synthesize of one capability by an LLM author (`llm`: its settings), calibrated on SMALL."""
+    return synthesize_one(
+        st, diag, capability, author=author, calibration=SMALL, llm=llm, name=name, **config
+    )
+
+
+def synthesize_one(store, diag, capability, *, name=None, **config):
+    """Stage synthesize of one capability with the random policy; `config` over that."""
+    config = {"diagnosis": diag, "capability": capability, "model": "policy:random", **config}
+    return execute("synthesize", config, store, name=name)
+
+
 def test_reference_policy_is_too_good_exit_1_with_numbers(st):
     diag = make_diagnosis(st, CAPS)
-    r = run_cli(
-        "synthesize",
-        "--diagnosis",
+    r = synth_cli(
+        st.root,
         diag,
-        "--capability",
-        "precondition_verification",
-        "--model",
-        "policy:reference",
         "--calibration-seeds",
         "6",
         "--calibration-rollouts",
         "2",
-        "--store",
-        st.root,
+        capability="precondition_verification",
+        model="policy:reference",
     )
     assert r.exit_code == 1, r.output
     assert "success 1.000" in r.output and "all-1 groups 1.00" in r.output
@@ -89,15 +112,8 @@ def test_reference_policy_is_too_good_exit_1_with_numbers(st):
 def test_calibration_failure_raises_checkfailed_with_attempts(st):
     diag = make_diagnosis(st, CAPS)
     with pytest.raises(CheckFailed) as e:
-        execute(
-            "synthesize",
-            {
-                "diagnosis": diag,
-                "capability": "multi_step_completion",
-                "model": "policy:random",
-                "calibration": {"seeds": 5, "rollouts": 2, "max_attempts": 2},
-            },
-            st,
+        synthesize_one(
+            st, diag, "multi_step_completion", calibration={"seeds": 5, "rollouts": 2, "max_attempts": 2}
         )
     d = e.value.details
     assert len(d["attempts"]) == 2 and all(a["mean_success"] == 0.0 for a in d["attempts"])
@@ -128,74 +144,22 @@ def test_calibration_failure_raises_checkfailed_with_attempts(st):
 
 def test_capability_must_be_selected_and_have_a_template(st):
     diag = make_diagnosis(st, selected=["precondition_verification", "tone_and_empathy"])
-    r = run_cli(
-        "synthesize",
-        "--diagnosis",
-        diag,
-        "--capability",
-        "multi_step_completion",
-        "--model",
-        "policy:random",
-        "--store",
-        st.root,
-    )
+    r = synth_cli(st.root, diag, capability="multi_step_completion")
     assert r.exit_code == 2 and "selected: precondition_verification, tone_and_empathy" in r.output
     with pytest.raises(UsageError, match="no environment template"):
-        execute(
-            "synthesize", {"diagnosis": diag, "capability": "tone_and_empathy", "model": "policy:random"}, st
-        )
+        synthesize_one(st, diag, "tone_and_empathy")
     with pytest.raises(UsageError, match="unknown parameter 'bogus'"):
-        execute(
-            "synthesize",
-            {
-                "diagnosis": diag,
-                "capability": "precondition_verification",
-                "model": "policy:random",
-                "params": {"bogus": 1},
-            },
-            st,
-        )
+        synthesize_one(st, diag, "precondition_verification", params={"bogus": 1})
     with pytest.raises(UsageError, match="overlaps"):
-        execute(
-            "synthesize",
-            {
-                "diagnosis": diag,
-                "capability": "precondition_verification",
-                "model": "policy:random",
-                "seeds": {"train": "0:100", "eval": "50:60"},
-            },
-            st,
-        )
+        synthesize_one(st, diag, "precondition_verification", seeds={"train": "0:100", "eval": "50:60"})
     with pytest.raises(UsageError, match="llm.base_url"):
-        execute(
-            "synthesize",
-            {
-                "diagnosis": diag,
-                "capability": "precondition_verification",
-                "model": "policy:random",
-                "author": "openai",
-            },
-            st,
-        )
+        synthesize_one(st, diag, "precondition_verification", author="openai")
 
 
 def test_every_selected_capability_gets_an_artifact_that_eval_loads(st, in_band):
     diag = make_diagnosis(st, CAPS)
-    r = run_cli(
-        "synthesize",
-        "--diagnosis",
-        diag,
-        "--model",
-        "policy:random",
-        "--calibration-seeds",
-        "12",
-        "--calibration-rollouts",
-        "8",
-        "--name",
-        "demo",
-        "--json",
-        "--store",
-        st.root,
+    r = synth_cli(
+        st.root, diag, "--calibration-seeds", "12", "--calibration-rollouts", "8", "--name", "demo", "--json"
     )
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
@@ -235,37 +199,21 @@ def test_every_selected_capability_gets_an_artifact_that_eval_loads(st, in_band)
         )["params"]
     )
     assert make_env("demo-multi_step_completion", store=st).name == "synthetic-multi_step_completion"
-    r = run_cli(
-        "eval",
-        "--env",
-        "store://environment/demo-structured_data_reasoning",
-        "--model",
-        "policy:reference",
-        "--seeds",
-        "1000000:1000020",
-        "--json",
-        "--store",
-        st.root,
+    assert (
+        reference_pass_at_1(st, "store://environment/demo-structured_data_reasoning", "1000000:1000020")
+        == 1.0
     )
-    assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["summary"]["pass@1"] == 1.0
     # same inputs => same artifact, skipped
-    r = run_cli(
-        "synthesize",
-        "--diagnosis",
+    r = synth_cli(
+        st.root,
         diag,
-        "--capability",
-        "multi_step_completion",
-        "--model",
-        "policy:random",
         "--calibration-seeds",
         "12",
         "--calibration-rollouts",
         "8",
         "--name",
         "demo",
-        "--store",
-        st.root,
+        capability="multi_step_completion",
     )
     assert r.exit_code == 0 and "up to date" in r.output
 
@@ -278,17 +226,7 @@ def test_calibration_adjusts_difficulty_then_passes(st, monkeypatch):
 
     monkeypatch.setattr(synth, "load_calibration_policy", lambda model, store, cfg: LevelPolicy())
     diag = make_diagnosis(st, CAPS)
-    art = execute(
-        "synthesize",
-        {
-            "diagnosis": diag,
-            "capability": "tool_calling_precision",
-            "model": "policy:random",
-            "calibration": SMALL,
-        },
-        st,
-        name="tcp",
-    ).main
+    art = synthesize_one(st, diag, "tool_calling_precision", calibration=SMALL, name="tcp").main
     doc = read_environment(art)
     att = doc["calibration"]["attempts"]
     assert [a["params"]["level"] for a in att] == [2, 3] and att[0]["next"] == "harder" and att[1]["in_band"]
@@ -314,17 +252,8 @@ def test_target_from_tau2_rollouts_keeps_its_schemas(retail_store, in_band):
     diag = make_diagnosis(st, CAPS, name="diag-tau2", rollouts="store://rollouts/tau2-retail")
     recovered = recover_tools(st.resolve("rollouts/tau2-retail"))
     for cap in ("structured_data_reasoning", "precondition_verification"):
-        art = execute(
-            "synthesize",
-            {
-                "diagnosis": diag,
-                "capability": cap,
-                "target": "store://rollouts/tau2-retail",
-                "model": "policy:random",
-                "calibration": SMALL,
-            },
-            st,
-            name=f"tau2-{cap}",
+        art = synthesize_one(
+            st, diag, cap, target="store://rollouts/tau2-retail", calibration=SMALL, name=f"tau2-{cap}"
         ).main
         doc = read_environment(art)
         assert doc["target"]["kind"] == "rollouts" and doc["target"]["artifact"].startswith(
@@ -378,11 +307,11 @@ def test_fan_out_names_each_capability_and_collects_failures(st, monkeypatch):
 
 def test_fan_out_checks_every_capability_before_running_any(st, in_band):
     diag = make_diagnosis(st, selected=["precondition_verification", "tone_and_empathy"])
-    r = run_cli("synthesize", "--diagnosis", diag, "--model", "policy:random", "--store", st.root)
+    r = synth_cli(st.root, diag)
     assert r.exit_code == 2 and "no environment template" in r.output
     assert st.list("environment") == []  # precondition_verification, which has one, did not run either
     empty = make_diagnosis(st, selected=[], name="none")
-    r = run_cli("synthesize", "--diagnosis", empty, "--model", "policy:random", "--store", st.root)
+    r = synth_cli(st.root, empty)
     assert r.exit_code == 2 and "selects no capability; nothing to synthesize" in r.output
     with pytest.raises(UsageError, match="one capability"):  # the stage itself makes one environment a run
         execute("synthesize", {"diagnosis": diag, "model": "policy:random"}, st)
@@ -444,18 +373,12 @@ def test_llm_authored_module_rejections_kept_then_accepted(st, in_band):
     llm = FakeLLM([BROKEN_MODULE, LAZY_MODULE])
     try:
         diag = make_diagnosis(st, selected=["precondition_verification"])
-        art = execute(
-            "synthesize",
-            {
-                "diagnosis": diag,
-                "capability": "precondition_verification",
-                "model": "policy:random",
-                "author": "openai",
-                "calibration": SMALL,
-                "llm": {"base_url": llm.url, "model": "fake", "attempts": 3},
-                "sandbox": {"cpu_s": 5, "timeout_s": 20, "memory_mb": 512},
-            },
+        art = synthesize_authored(
             st,
+            diag,
+            "precondition_verification",
+            {"base_url": llm.url, "model": "fake", "attempts": 3},
+            sandbox={"cpu_s": 5, "timeout_s": 20, "memory_mb": 512},
             name="authored",
         ).main
     finally:
@@ -474,20 +397,7 @@ def test_llm_authored_module_rejections_kept_then_accepted(st, in_band):
     )  # target tool schemas in the prompt
     env = make_env("store://environment/authored", store=st)  # runs in the sandbox
     assert type(env).__name__ == "SandboxedEnv"
-    r = run_cli(
-        "eval",
-        "--env",
-        "store://environment/authored",
-        "--model",
-        "policy:reference",
-        "--seeds",
-        "1000000:1000008",
-        "--json",
-        "--store",
-        st.root,
-    )
-    assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["summary"]["pass@1"] == 1.0
+    assert reference_pass_at_1(st, "store://environment/authored", "1000000:1000008") == 1.0
     assert st.verify() == []
 
 
@@ -496,16 +406,8 @@ def test_llm_author_all_rejected_falls_back_to_template_or_fails(st, in_band, ca
     llm = FakeLLM([BROKEN_MODULE] * 6)
     try:
         diag = make_diagnosis(st, selected=["precondition_verification"])
-        base = {
-            "diagnosis": diag,
-            "capability": "precondition_verification",
-            "model": "policy:random",
-            "author": "openai",
-            "calibration": SMALL,
-        }
-        art = execute(
-            "synthesize", {**base, "llm": {"base_url": llm.url, "model": "fake", "attempts": 2}}, st
-        ).main
+        fake = {"base_url": llm.url, "model": "fake", "attempts": 2}
+        art = synthesize_authored(st, diag, "precondition_verification", fake).main
         doc = read_environment(art)
         assert doc["source"] == "template" and doc["authoring"]["fallback"] == "template"
         assert [m["accepted"] for m in doc["authoring"]["modules"]] == [False, False]
@@ -515,17 +417,9 @@ def test_llm_author_all_rejected_falls_back_to_template_or_fails(st, in_band, ca
         )
         assert "falling back to the built-in template of precondition_verification" in err
         with pytest.raises(CheckFailed, match="rejected .*strict: no fallback to the template"):
-            execute(
-                "synthesize",
-                {**base, "strict": True, "llm": {"base_url": llm.url, "model": "fake", "attempts": 2}},
-                st,
-            )
+            synthesize_authored(st, diag, "precondition_verification", fake, strict=True)
         with pytest.raises(CheckFailed, match="rejected"):
-            execute(
-                "synthesize",
-                {**base, "llm": {"base_url": llm.url, "model": "fake", "attempts": 2, "fallback": "none"}},
-                st,
-            )
+            synthesize_authored(st, diag, "precondition_verification", {**fake, "fallback": "none"})
     finally:
         llm.close()
 
@@ -590,17 +484,11 @@ def _authored(st, in_band) -> object:
     llm = FakeLLM([GOOD_MODULE])
     try:
         diag = make_diagnosis(st, selected=["precondition_verification"])
-        return execute(
-            "synthesize",
-            {
-                "diagnosis": diag,
-                "capability": "precondition_verification",
-                "model": "policy:random",
-                "author": "openai",
-                "calibration": SMALL,
-                "llm": {"base_url": llm.url, "model": "fake", "attempts": 1},
-            },
+        return synthesize_authored(
             st,
+            diag,
+            "precondition_verification",
+            {"base_url": llm.url, "model": "fake", "attempts": 1},
             name="authored",
         ).main
     finally:
@@ -658,17 +546,12 @@ def test_tiny_hf_model_calibration_path_runs(st):
 def test_hf_author_untrained_model_gives_no_module_and_falls_back(st, in_band):
     execute("model", {"preset": "tiny", "corpus_seeds": 20}, st, name="tiny")
     diag = make_diagnosis(st, selected=["multi_step_completion"])
-    art = execute(
-        "synthesize",
-        {
-            "diagnosis": diag,
-            "capability": "multi_step_completion",
-            "model": "policy:random",
-            "author": "hf",
-            "calibration": SMALL,
-            "llm": {"model": "store://model/tiny", "attempts": 1, "max_tokens": 24, "max_retries": 0},
-        },
+    art = synthesize_authored(
         st,
+        diag,
+        "multi_step_completion",
+        {"model": "store://model/tiny", "attempts": 1, "max_tokens": 24, "max_retries": 0},
+        author="hf",
     ).main
     doc = read_environment(art)
     assert doc["source"] == "template" and doc["authoring"]["fallback"] == "template"
@@ -683,15 +566,9 @@ def test_tools_needed_offers_only_the_templates_tools(st, in_band):
     from trace_cli.envs.synthetic import TEMPLATES
 
     diag = make_diagnosis(st, selected=["precondition_verification"])
-    cfg = {
-        "diagnosis": diag,
-        "capability": "precondition_verification",
-        "target": "shop",
-        "model": "policy:random",
-        "calibration": SMALL,
-    }
-    needed = execute("synthesize", {**cfg, "tools": "needed"}, st, name="needed").main
-    whole = execute("synthesize", cfg, st, name="whole").main
+    cfg = {"target": "shop", "calibration": SMALL}
+    needed = synthesize_one(st, diag, "precondition_verification", **cfg, tools="needed", name="needed").main
+    whole = synthesize_one(st, diag, "precondition_verification", **cfg, name="whole").main
     assert needed.id != whole.id
     names = {
         a.id: [
@@ -705,7 +582,9 @@ def test_tools_needed_offers_only_the_templates_tools(st, in_band):
     obs = make_env("store://environment/needed", store=st).reset(1000000)
     assert [t["function"]["name"] for t in obs.tools] == names[needed.id]
     with pytest.raises(UsageError, match="needs author: template"):
-        execute("synthesize", {**cfg, "tools": "needed", "author": "hf", "llm": {"model": "x"}}, st)
+        synthesize_one(
+            st, diag, "precondition_verification", **cfg, tools="needed", author="hf", llm={"model": "x"}
+        )
 
 
 def test_calibration_rollouts_are_reused_as_the_first_grpo_steps(st):

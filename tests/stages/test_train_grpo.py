@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from grpo_helpers import CAPABILITY, ENV_VARS, TEST_ENV, grpo_config, register_parity, set_env, tiny_model  # noqa: E402
-from trace_testing import BIN, REPO, make_diagnosis, run_cli, snapshot  # noqa: E402
+from trace_testing import BIN, REPO, make_diagnosis, run_cli, short_eval, snapshot  # noqa: E402
 
 from trace_cli.stages.base import execute  # noqa: E402
 from trace_cli.store import Store  # noqa: E402
@@ -138,22 +138,7 @@ def test_rerun_is_up_to_date(trained, model_dir):
 
 def test_eval_base_plus_adapter(trained):
     store, out = trained
-    r = run_cli(
-        "eval",
-        "--model",
-        "store://adapter/parity",
-        "--env",
-        "shop",
-        "--seeds",
-        "0:2",
-        "--max-turns",
-        "2",
-        "--max-new-tokens",
-        "6",
-        "--store",
-        str(store.root),
-        "--json",
-    )
+    r = short_eval("store://adapter/parity", store.root, "--json")
     assert r.exit_code == 0, r.output
     res = json.loads(r.stdout)
     assert res["summary"]["episodes"] == 2
@@ -208,33 +193,15 @@ def test_validation_before_compute(model_dir, tmp_path, extra, message):
 
 def test_bad_references_exit_2(model_dir, tmp_path, trained):
     store = tmp_path / "store"
-    r = run_cli(
-        "train", "--method", "grpo", "--env", "nowhere", "--model", str(model_dir), "--store", str(store)
-    )
+
+    def grpo(env, model, root):
+        return run_cli("train", "--method", "grpo", "--env", env, "--model", str(model), "--store", str(root))
+
+    r = grpo("nowhere", model_dir, store)
     assert r.exit_code == 2 and "unknown environment 'nowhere'" in r.output
-    r = run_cli(
-        "train",
-        "--method",
-        "grpo",
-        "--env",
-        "shop",
-        "--model",
-        str(tmp_path / "missing"),
-        "--store",
-        str(store),
-    )
+    r = grpo("shop", tmp_path / "missing", store)
     assert r.exit_code == 2 and "not found" in r.output
-    r = run_cli(
-        "train",
-        "--method",
-        "grpo",
-        "--env",
-        "shop",
-        "--model",
-        "store://adapter/parity",
-        "--store",
-        str(trained[0].root),
-    )
+    r = grpo("shop", "store://adapter/parity", trained[0].root)
     assert r.exit_code == 2 and "not on a adapter" in r.output.replace("an adapter", "a adapter")
     assert snapshot(store) == []
 

@@ -179,5 +179,3 @@ def test_a_reference_of_the_wrong_kind_names_it_with_the_right_article(tmp_path)
         resolve_model("store://environment/env1", st)
     with pytest.raises(UsageError, match=r"is an environment reference, but an eval artifact is needed here"):
         st.resolve("environment/env1", kind="eval")
-
-

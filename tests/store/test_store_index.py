@@ -218,13 +218,19 @@ def test_names(populated, tmp_path):
         ]
         == "eval"
     )
-    for bad_ref, msg in [
-        ("nothing", "no artifact named or with id 'nothing'"),
-        ("store://widgets/x", "unknown artifact kind 'widgets'"),
-        ("store://eval/mine", "no eval artifact named or with id 'mine'"),
-    ]:
-        r = run_cli("store", "show", bad_ref, "--store", populated)
-        assert r.exit_code == 2 and msg in r.stderr, r.stderr
+    _refused(
+        populated,
+        ("show", "nothing", "no artifact named or with id 'nothing'"),
+        ("show", "store://widgets/x", "unknown artifact kind 'widgets'"),
+        ("show", "store://eval/mine", "no eval artifact named or with id 'mine'"),
+    )
+
+
+def _refused(store, *cases: tuple[str, str, str]) -> None:
+    """Each (`trace store` command, argument, message) exits 2 with the message on stderr."""
+    for command, arg, msg in cases:
+        r = run_cli("store", command, arg, "--store", store)
+        assert r.exit_code == 2 and msg in r.stderr, r.output
 
 
 @pytest.mark.parametrize("bad", ["-dash", ".hidden", "a/b", "has space", "deadbeef", "0123456789abcdef", "é"])
@@ -248,13 +254,12 @@ def test_sql_output_formats_and_errors(populated):
     r = run_cli("store", "sql", q, "--store", populated)
     assert r.exit_code == 0 and "airline" in r.stdout and "2 rows" in r.stderr
     before = snapshot(populated)
-    for bad, msg in [
-        ("select nope from episodes", "SQL error"),
-        ("drop table artifacts", "refused SQL statement"),
-        ("select * from", "SQL error"),
-    ]:
-        r = run_cli("store", "sql", bad, "--store", populated)
-        assert r.exit_code == 2 and msg in r.stderr, r.output
+    _refused(
+        populated,
+        ("sql", "select nope from episodes", "SQL error"),
+        ("sql", "drop table artifacts", "refused SQL statement"),
+        ("sql", "select * from", "SQL error"),
+    )
     assert snapshot(populated) == before
     r = run_cli("store", "sql", "select 1", "--store", populated.parent / "absent")
     assert r.exit_code == 2 and "does not exist" in r.stderr

@@ -16,22 +16,11 @@ def trained(tmp_path_factory):
     register_parity()
     model_dir = tiny_model(tmp_path_factory)
     out = tmp_path_factory.mktemp("grpo-train")
-    spec = grpo_spec(
-        model_dir,
-        out / "ckpt",
-        list(range(50)),
-        num_generations=4,
-        per_device_batch_size=8,
-        gradient_accumulation_steps=1,
-        max_steps=3,
-        learning_rate=0.05,
-        max_turns=2,
-        max_new_tokens=10,
-        max_completion_length=64,
-        checkpoint_every=2,
-        lora={"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear"},
-        keep_model=True,
-    )
+    batch = {"num_generations": 4, "per_device_batch_size": 8, "gradient_accumulation_steps": 1}
+    episode = {"max_turns": 2, "max_new_tokens": 10, "max_completion_length": 64}
+    lora = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": "all-linear"}
+    run = {"max_steps": 3, "learning_rate": 0.05, "checkpoint_every": 2, "keep_model": True}
+    spec = grpo_spec(model_dir, out / "ckpt", list(range(50)), lora=lora, **batch, **episode, **run)
     return spec, train_grpo(spec), model_dir
 
 
@@ -89,20 +78,11 @@ def test_adapter_saved_and_checkpoints_kept(trained):
 def test_kl_is_logged_with_beta(tmp_path, tmp_path_factory):
     """beta > 0: TRL computes the reference log-probs with the adapter disabled and logs the KL."""
     register_parity()
-    spec = grpo_spec(
-        tiny_model(tmp_path_factory),
-        tmp_path / "ckpt",
-        list(range(10)),
-        num_generations=2,
-        per_device_batch_size=4,
-        gradient_accumulation_steps=1,
-        max_steps=1,
-        beta=0.04,
-        max_turns=1,
-        max_new_tokens=6,
-        max_completion_length=6,
-        checkpoint_every=0,
-        lora={"r": 2, "alpha": 4, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
-    )
+    batch = {"num_generations": 2, "per_device_batch_size": 4, "gradient_accumulation_steps": 1}
+    episode = {"max_turns": 1, "max_new_tokens": 6, "max_completion_length": 6}
+    lora = {"r": 2, "alpha": 4, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
+    run = {"max_steps": 1, "beta": 0.04, "checkpoint_every": 0}
+    model = tiny_model(tmp_path_factory)
+    spec = grpo_spec(model, tmp_path / "ckpt", list(range(10)), lora=lora, **batch, **episode, **run)
     rows = metrics_rows(train_grpo(spec).log_history, lambda s: rollouts_after(spec, 1, s))
     assert len(rows) == 1 and rows[0]["kl"] is not None and rows[0]["kl"] >= 0

@@ -30,81 +30,10 @@ from trace_cli.formats.codec import (
     type_name,
 )
 from trace_cli.formats.tau2 import ORIGINAL, keep_messages
+from trace_cli.formats.tau2_sims import excluded_because, read_simulation, reference_actions
 from trace_cli.progress import track
-from trace_cli.store.metrics import is_success, reward_problem
+from trace_cli.store.metrics import is_success
 from trace_cli.store.rollouts import tool_call_tuples
-
-
-def _messages(raw: list[Any], where: str) -> tuple[list[dict[str, Any]], list[str]]:
-    problems: list[str] = []
-    out: list[dict[str, Any]] = []
-    for i, m in enumerate(raw):
-        if not isinstance(m, dict):
-            problems.append(f"messages[{i}]: expected an object, got {type_name(m)}")
-            continue
-        role = m.get("role")
-        if role not in ("system", "user", "assistant", "tool"):
-            problems.append(f"messages[{i}].role: {role!r} is not one of system/user/assistant/tool")
-            continue
-        content = m.get("content")
-        if content is not None and not isinstance(content, str):
-            problems.append(f"messages[{i}].content: expected a string or null, got {type_name(content)}")
-        msg: dict[str, Any] = {"role": role, "content": content}
-        reasoning = _reasoning(m)
-        if reasoning:
-            msg["reasoning"] = reasoning
-        if role == "tool":
-            msg["tool_call_id"] = m.get("id")
-            msg["error"] = bool(m.get("error"))
-            if m.get("requestor"):
-                msg["requestor"] = m["requestor"]
-        calls = m.get("tool_calls")
-        if calls is not None:
-            if not isinstance(calls, list):
-                problems.append(f"messages[{i}].tool_calls: expected an array, got {type_name(calls)}")
-            else:
-                norm = []
-                for k, tc in enumerate(calls):
-                    if not isinstance(tc, dict) or not isinstance(tc.get("name"), str):
-                        problems.append(f"messages[{i}].tool_calls[{k}].name: missing or not a string")
-                        continue
-                    args = tc.get("arguments", {})
-                    if not isinstance(args, dict):
-                        problems.append(
-                            f"messages[{i}].tool_calls[{k}].arguments: expected an object, got {type_name(args)}"
-                        )
-                    entry = {
-                        "id": tc.get("id"),
-                        "type": "function",
-                        "function": {"name": tc["name"], "arguments": args},
-                    }
-                    if tc.get("requestor"):
-                        entry["requestor"] = tc["requestor"]
-                    norm.append(entry)
-                if norm:
-                    msg["tool_calls"] = norm
-        if role == "user" and m.get("tool_calls"):
-            msg["requestor"] = "user"
-        out.append(msg)
-    return out, problems
-
-
-def _reasoning(m: dict[str, Any]) -> str | None:
-    """The reasoning text of a τ²-bench message: its own field, or the provider response kept in raw_data
-    (τ²-bench stores litellm's response there: choices[0].message.reasoning_content)."""
-    for key in ("reasoning", "reasoning_content"):
-        if isinstance(m.get(key), str) and m[key]:
-            return m[key]
-    raw = m.get("raw_data")
-    if isinstance(raw, dict):
-        choices = raw.get("choices")
-        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
-            msg = choices[0].get("message")
-            if isinstance(msg, dict):
-                for key in ("reasoning_content", "reasoning"):
-                    if isinstance(msg.get(key), str) and msg[key]:
-                        return msg[key]
-    return None
 
 
 def _mapping(v: Any, path: Path, key: str) -> dict[str, Any]:
@@ -126,30 +55,6 @@ _RUN_INFO = (
     "timestamp",
     "mode",
 )
-
-
-def _task_id_for(s: dict[str, Any], tasks: dict[str, Any], by_index: dict[str, Any]) -> tuple[Any, bool]:
-    """A task id for a run that has none: the run's embedded task, the file's simulation_index, the file's
-    only task; else a stable id derived from the first user message (runs of one task share it), marked in
-    `info.task_id_derived` and counted in the summary."""
-    task = s.get("task")
-    if isinstance(task, dict) and isinstance(task.get("id"), str | int):
-        return task["id"], False
-    entry = by_index.get(s.get("id"))
-    if entry is not None and isinstance(entry.get("task_id"), str | int):
-        return entry["task_id"], False
-    if len(tasks) == 1:
-        return next(iter(tasks)), False
-    first = next(
-        (
-            m.get("content")
-            for m in s.get("messages") or []
-            if isinstance(m, dict) and m.get("role") == "user"
-        ),
-        None,
-    )
-    basis = first if isinstance(first, str) and first else str(s.get("id"))
-    return "derived-" + hashlib.sha256(basis.encode("utf-8")).hexdigest()[:12], True
 
 
 def _tool_list(defs: Any) -> Any:
@@ -254,6 +159,32 @@ def parse(path: Path, source: str) -> Parsed:
     return records(doc, path, source, fast=False)
 
 
+def _run_info(s: dict, r, msgs: list[dict], task: dict | None, agent_llm: Any, doc_id: str, idx: int) -> dict:
+    """An episode's `info`: the run's own fields, its reward breakdown, and what the original file held (to
+    export it back as it was)."""
+    extra = {
+        **{k: s[k] for k in _RUN_INFO if s.get(k) is not None},
+        "agent_llm": agent_llm,
+        "reward_breakdown": {
+            k: v for k, v in r.reward_info.items() if k in ("db_check", "reward_basis", "reward_breakdown")
+        },
+        "communicate_info": ((task or {}).get("evaluation_criteria") or {}).get("communicate_info"),
+    }
+    if r.derived_task:
+        extra["task_id_derived"] = True
+    original: dict[str, Any] = {
+        "doc": doc_id,
+        "index": idx,
+        "sim": {k: (None if k == "messages" else v) for k, v in s.items()},
+    }
+    if "messages" in s:
+        original["messages"] = (
+            keep_messages(msgs, r.raw_messages) if r.raw_messages else {"full": r.raw_messages}
+        )
+    extra[ORIGINAL] = original
+    return extra
+
+
 def records(doc: Any, path: Path, source: str, *, fast: bool) -> Parsed:
     """A results document -> (good records, bad ones). `fast`: `doc` was parsed by orjson, so raise `Inexact`
     wherever orjson may have changed a value that is stored or reported (see `formats.codec`)."""
@@ -306,44 +237,9 @@ def records(doc: Any, path: Path, source: str, *, fast: bool) -> Parsed:
                 check_raw(s)
             bad.append(RecordError(where, [f"expected an object, got {type_name(s)}"], s))
             continue
-        problems: list[str] = []
-        if not isinstance(sid, str) or not sid:
-            problems.append("id: missing or not a string")
-        elif sid in seen:
-            problems.append(f"id: duplicate of simulations[{seen[sid]}]")
-        task_id = s.get("task_id")
-        derived_task = False
-        if task_id is None:
-            task_id, derived_task = _task_id_for(s, tasks, by_index)
-        if not isinstance(task_id, str | int) or isinstance(task_id, bool):
-            problems.append(f"task_id: not a string (got {type_name(task_id)})")
-        trial = s.get("trial")
-        if trial is not None and (not isinstance(trial, int) or isinstance(trial, bool)):
-            problems.append(f"trial: expected an integer or null, got {type_name(trial)}")
-        seed = s.get("seed")
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-            problems.append(f"seed: expected an integer or null, got {type_name(seed)}")
-        ri = s.get("reward_info")
-        reward = None
-        if ri is not None and not isinstance(ri, dict):
-            problems.append(f"reward_info: expected an object, got {type_name(ri)}")
-        elif isinstance(ri, dict) and ri.get("reward") is not None:
-            if not isinstance(ri["reward"], int | float) or isinstance(ri["reward"], bool):
-                problems.append(f"reward_info.reward: expected a number, got {type_name(ri['reward'])}")
-            else:
-                reward = float(ri["reward"])
-                if bad_reward := reward_problem(reward):
-                    problems.append(f"reward_info.reward: {bad_reward}")
-        term = s.get("termination_reason")
-        if term is not None and not isinstance(term, str):
-            problems.append(f"termination_reason: expected a string, got {type_name(term)}")
-        raw_msgs = s.get("messages")
-        msgs: list[dict] = []
-        if raw_msgs is not None and not isinstance(raw_msgs, list):
-            problems.append(f"messages: expected an array, got {type_name(raw_msgs)}")
-        elif raw_msgs:
-            msgs, mp = _messages(raw_msgs, where)
-            problems += mp
+        problems, r = read_simulation(s, where, seen, tasks, by_index)
+        task_id, derived_task, trial, seed = r.task_id, r.derived_task, r.trial, r.seed
+        reward, term, msgs = r.reward, r.termination, r.messages
         if problems:
             if fast:
                 check_raw(s)
@@ -351,13 +247,7 @@ def records(doc: Any, path: Path, source: str, *, fast: bool) -> Parsed:
             continue
         # τ²-bench leaves these runs out of its metrics (agent_metrics.get_metrics_df drops infrastructure
         # errors; a run without a reward has nothing to score): excluded, counted, listed, never fatal.
-        reason = None
-        if term == "infrastructure_error":
-            reason = (
-                "termination_reason is infrastructure_error (τ²-bench excludes these runs from its metrics)"
-            )
-        elif reward is None:
-            reason = "no reward_info.reward (the run was not evaluated; τ²-bench cannot score it)"
+        reason = excluded_because(term, reward)
         if reason is not None:
             if fast:
                 check_raw(s)
@@ -371,40 +261,10 @@ def records(doc: Any, path: Path, source: str, *, fast: bool) -> Parsed:
         if policy and not any(m["role"] == "system" for m in msgs):
             msgs = [{"role": "system", "content": policy}, *msgs]
         task = tasks.get(str(task_id))
-        if str(task_id) in refs_json:
-            ref_json = refs_json[str(task_id)]
-        else:
-            ref_actions = None
-            if task is not None:
-                acts = (task.get("evaluation_criteria") or {}).get("actions") or None
-                if acts:
-                    ref_actions = [
-                        {
-                            "name": a.get("name"),
-                            "arguments": a.get("arguments", {}),
-                            "requestor": a.get("requestor"),
-                        }
-                        for a in acts
-                    ]
-            ref_json = refs_json[str(task_id)] = enc(ref_actions)
-        extra = {
-            **{k: s[k] for k in _RUN_INFO if s.get(k) is not None},
-            "agent_llm": agent_llm,
-            "reward_breakdown": {
-                k: v for k, v in ri.items() if k in ("db_check", "reward_basis", "reward_breakdown")
-            },
-            "communicate_info": ((task or {}).get("evaluation_criteria") or {}).get("communicate_info"),
-        }
-        if derived_task:
-            extra["task_id_derived"] = True
-        original: dict[str, Any] = {
-            "doc": doc_id,
-            "index": idx,
-            "sim": {k: (None if k == "messages" else v) for k, v in s.items()},
-        }
-        if "messages" in s:
-            original["messages"] = keep_messages(msgs, raw_msgs) if raw_msgs else {"full": raw_msgs}
-        extra[ORIGINAL] = original
+        if str(task_id) not in refs_json:
+            refs_json[str(task_id)] = enc(reference_actions(task))
+        ref_json = refs_json[str(task_id)]
+        extra = _run_info(s, r, msgs, task, agent_llm, doc_id, idx)
         ep = {
             "episode_id": sid,
             "source": source,

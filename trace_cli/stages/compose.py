@@ -345,7 +345,7 @@ def _run_moe(prepared: Prepared, store: Store, path, doc, experts, gates_file: s
 
     from trace_cli.compose.adapters import check_targets, load_lora
     from trace_cli.compose.moe import attach, load_gates, save_gates
-    from trace_cli.compose.moe_train import build_examples, routing_accuracy, split, train_gates
+    from trace_cli.compose.moe_train import routing_accuracy, train_gates
     from trace_cli.models import device
 
     cfg, m, base = prepared.config, prepared.config["moe"], prepared.extra["base"]
@@ -363,30 +363,12 @@ def _run_moe(prepared: Prepared, store: Store, path, doc, experts, gates_file: s
         "gate_parameters": sum(x.gate.weight.numel() for x in layers.values()),
     }
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    transcripts = _transcripts(prepared, store, names) if "gates" not in prepared.extra else []
-    test = []
     if "gates" in prepared.extra:
         g = prepared.extra["gates"]
         load_gates(layers, g.path / gates_file, base_digest=base.digest, experts=names, origin=g.uri)
         summary["gates_from"] = g.uri
     else:
-        counts = {n: sum(1 for t in transcripts if t.slot == s) for s, n in enumerate(["base"] + names)}
-        empty = [n for n, c in counts.items() if c < 2]
-        if empty:
-            raise UsageError(
-                f"moe: too few transcripts to train and test the gates for {', '.join(empty)} "
-                f"(per expert: {counts}); widen moe.seeds or give moe.data",
-                hint="successful rollouts count for experts",
-            )
-        examples = build_examples(tok, transcripts, m["max_length"])
-        if "test_rollouts" in prepared.extra:  # every transcript trains; the agent's own conversations test
-            train = examples
-            test = build_examples(tok, _test_transcripts(prepared, names), m["max_length"])
-            summary["routing_test_episodes"] = {
-                n: sum(1 for e in test if e.slot == s) for s, n in enumerate(["base"] + names)
-            }
-        else:
-            train, test = split(examples, m["held_out"], cfg["seed"])
+        train, test, counts = _gate_examples(prepared, store, tok, names, summary)
 
         def log(r):
             if r["step"] % 20 == 0 or r["step"] == m["steps"]:
@@ -430,3 +412,31 @@ def _run_moe(prepared: Prepared, store: Store, path, doc, experts, gates_file: s
         "slots": ["base"] + names,
     }
     return summary
+
+
+def _gate_examples(prepared: Prepared, store: Store, tok, names: list[str], summary: dict[str, Any]):
+    """(train, test, transcripts per slot) of the gates: labelled transcripts, held out or tested on the agent's
+    own conversations (their counts go in `summary`); too few for a slot is a UsageError."""
+    from trace_cli.compose.moe_train import build_examples, split
+
+    m = prepared.config["moe"]
+    transcripts = _transcripts(prepared, store, names)
+    test = []
+    counts = {n: sum(1 for t in transcripts if t.slot == s) for s, n in enumerate(["base"] + names)}
+    empty = [n for n, c in counts.items() if c < 2]
+    if empty:
+        raise UsageError(
+            f"moe: too few transcripts to train and test the gates for {', '.join(empty)} "
+            f"(per expert: {counts}); widen moe.seeds or give moe.data",
+            hint="successful rollouts count for experts",
+        )
+    examples = build_examples(tok, transcripts, m["max_length"])
+    if "test_rollouts" in prepared.extra:  # every transcript trains; the agent's own conversations test
+        train = examples
+        test = build_examples(tok, _test_transcripts(prepared, names), m["max_length"])
+        summary["routing_test_episodes"] = {
+            n: sum(1 for e in test if e.slot == s) for s, n in enumerate(["base"] + names)
+        }
+    else:
+        train, test = split(examples, m["held_out"], prepared.config["seed"])
+    return train, test, counts

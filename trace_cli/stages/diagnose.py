@@ -136,6 +136,97 @@ def _weights(eps: list[dict[str, Any]], run: int, seed: int, bootstrap: bool) ->
     return {e["episode_id"]: float(w.get(e["episode_id"], 0)) for e in eps}
 
 
+def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=False) -> dict[str, Artifact]:
+    from trace_cli.analysts import get_analyst
+
+    cfg = prepared.config
+    art: Artifact = prepared.extra["rollouts"]
+    eps = _episodes(art)
+    rng = random.Random(cfg["seed"])
+    if cfg.get("max_episodes") and len(eps) > cfg["max_episodes"]:
+        eps = _stratified(eps, cfg["max_episodes"], rng)
+    analyst = get_analyst(cfg["analyst"], cfg, store)
+    if cfg["candidates"] == "discover":
+        cands = analyst.discover(eps, cfg["max_candidates"], cfg["seed"])
+        if not cands:
+            raise UsageError("the analyst proposed no usable candidate capabilities")
+    else:
+        cands = load_catalog(cfg["candidates"])
+        if cfg.get("capabilities"):
+            cands = [c for c in cands if c.name in set(cfg["capabilities"])]
+    bootstrap = cfg["resample"] == "bootstrap" or (
+        cfg["resample"] == "auto" and getattr(analyst, "deterministic", False)
+    )
+    by_id = {e["episode_id"]: e for e in eps}
+    labels = _label_runs(analyst, eps, cands, cfg, bootstrap)
+    n_err = sum(1 for lb, _ in labels if lb.label == "ERROR")
+    if labels and n_err > len(labels) / 2:
+        # a diagnosis built on the few labels left would look like a result and be noise (issue 12)
+        raise CheckFailed(
+            f"diagnose: {n_err} of {len(labels)} labels are ERROR (the {cfg['analyst']} analyst gave no usable "
+            "answer for most of them); no diagnosis stored",
+            hint="use a stronger analyst model (analyst: openai / a larger hf model) or analyst: rules",
+        )
+    if n_err:
+        print(
+            f"warning: {n_err} of {len(labels)} labels are ERROR (the {cfg['analyst']} analyst gave no usable "
+            "answer); they are left out of the counts",
+            file=sys.stderr,
+        )
+    sel, freq, n_seeds = _select_by_agreement(cands, labels, eps, by_id, cfg, bootstrap)
+    desc = {c.name: c for c in cands}
+    n_fail = sum(1 for e in eps if not e["success"])
+    doc = {
+        "kind": "diagnosis",
+        "version": 1,
+        "rollouts": art.uri,
+        "analyst": cfg["analyst"],
+        "thresholds": {
+            "coverage_min": cfg["coverage_min"],
+            "delta_min": cfg["delta_min"],
+            "runs": cfg["runs"],
+            "min_runs": cfg["min_runs"],
+            "resample": "bootstrap" if bootstrap else "none",
+            "bootstrap_seeds": n_seeds,
+            "agreement": cfg["agreement"],
+        },
+        "episodes": {"failed": n_fail, "passed": len(eps) - n_fail},
+        "selected": [_entry(s, desc, cfg, freq, n_seeds) for s in sel if s.selected],
+        "rejected": [_entry(s, desc, cfg, freq, n_seeds) for s in sel if not s.selected],
+    }
+    validate(doc, "diagnosis.v1.json", source=CAPS_FILE)
+    with prepared.writer(store, "diagnosis", name=name, overrides=overrides, replace=replace) as w:
+        _write_tables(w.path, doc, cands, labels, by_id, sel, cfg["analyst"])
+        w.summary.update(
+            {
+                "selected": [d["name"] for d in doc["selected"]],
+                "rejected": [d["name"] for d in doc["rejected"]],
+                "episodes": len(eps),
+                "failed": n_fail,
+                "analyst": cfg["analyst"],
+                "label_errors": n_err,
+            }
+        )
+
+    return {"diagnosis": w.artifact}
+
+
+def _label_runs(analyst, eps: list[dict[str, Any]], cands: list, cfg: Any, bootstrap: bool) -> list[tuple]:
+    """(label, episode weight) of every labelling run; a deterministic analyst labels once for all runs."""
+    labels = []
+    fixed = analyst.label(eps, cands, 0, cfg["seed"]) if getattr(analyst, "deterministic", False) else None
+    for r in range(cfg["runs"]):
+        run_labels = (
+            [type(lb)(lb.episode_id, lb.capability, r, lb.label, lb.rationale) for lb in fixed]
+            if fixed is not None
+            else analyst.label(eps, cands, r, cfg["seed"] + r)
+        )
+        w = _weights(eps, r, cfg["seed"], bootstrap)
+        for lb in run_labels:
+            labels.append((lb, w.get(lb.episode_id, 0.0)))
+    return labels
+
+
 def _per_run(cands, labels, eps, runs: int, seed: int, bootstrap: bool) -> dict[str, list]:
     """Capability -> its RunStats in each labelling run, episodes weighted by bootstrap seed `seed`."""
     success = {e["episode_id"]: e["success"] for e in eps}
@@ -163,53 +254,11 @@ def _examples(cap: str, labels, by_id) -> list[str]:
     return seen
 
 
-def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=False) -> dict[str, Artifact]:
-    from trace_cli.analysts import get_analyst
-
-    cfg = prepared.config
-    art: Artifact = prepared.extra["rollouts"]
-    eps = _episodes(art)
-    rng = random.Random(cfg["seed"])
-    if cfg.get("max_episodes") and len(eps) > cfg["max_episodes"]:
-        eps = _stratified(eps, cfg["max_episodes"], rng)
-    analyst = get_analyst(cfg["analyst"], cfg, store)
-    if cfg["candidates"] == "discover":
-        cands = analyst.discover(eps, cfg["max_candidates"], cfg["seed"])
-        if not cands:
-            raise UsageError("the analyst proposed no usable candidate capabilities")
-    else:
-        cands = load_catalog(cfg["candidates"])
-        if cfg.get("capabilities"):
-            cands = [c for c in cands if c.name in set(cfg["capabilities"])]
-    bootstrap = cfg["resample"] == "bootstrap" or (
-        cfg["resample"] == "auto" and getattr(analyst, "deterministic", False)
-    )
-    by_id = {e["episode_id"]: e for e in eps}
-    labels = []
-    fixed = analyst.label(eps, cands, 0, cfg["seed"]) if getattr(analyst, "deterministic", False) else None
-    for r in range(cfg["runs"]):
-        run_labels = (
-            [type(lb)(lb.episode_id, lb.capability, r, lb.label, lb.rationale) for lb in fixed]
-            if fixed is not None
-            else analyst.label(eps, cands, r, cfg["seed"] + r)
-        )
-        w = _weights(eps, r, cfg["seed"], bootstrap)
-        for lb in run_labels:
-            labels.append((lb, w.get(lb.episode_id, 0.0)))
-    n_err = sum(1 for lb, _ in labels if lb.label == "ERROR")
-    if labels and n_err > len(labels) / 2:
-        # a diagnosis built on the few labels left would look like a result and be noise (issue 12)
-        raise CheckFailed(
-            f"diagnose: {n_err} of {len(labels)} labels are ERROR (the {cfg['analyst']} analyst gave no usable "
-            "answer for most of them); no diagnosis stored",
-            hint="use a stronger analyst model (analyst: openai / a larger hf model) or analyst: rules",
-        )
-    if n_err:
-        print(
-            f"warning: {n_err} of {len(labels)} labels are ERROR (the {cfg['analyst']} analyst gave no usable "
-            "answer); they are left out of the counts",
-            file=sys.stderr,
-        )
+def _select_by_agreement(
+    cands, labels, eps, by_id, cfg, bootstrap: bool
+) -> tuple[list, dict[str, float], int]:
+    """The selection repeated for each bootstrap seed; a capability is kept when the share of seeds that select
+    it reaches `agreement`. Returns the first seed's statistics (with the agreed choice), the shares, the seeds."""
     examples = {c.name: _examples(c.name, labels, by_id) for c in cands}
     seeds = [cfg["seed"] + b for b in range(cfg["bootstrap_seeds"] if bootstrap else 1)]
     sels = [
@@ -223,105 +272,79 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
         for s in seeds
     ]
     freq = agreement(sels)
-    sel = sels[0]  # the statistics of the first bootstrap seed; the choice by agreement of all of them
+    sel = sels[0]
     for s in sel:
         s.selected = freq[s.capability] >= cfg["agreement"] - 1e-12
     sel.sort(key=lambda s: (not s.selected, -s.mean_delta, s.capability))
-    desc = {c.name: c for c in cands}
+    return sel, freq, len(seeds)
 
-    def entry(s) -> dict[str, Any]:
-        d = {
-            "name": s.capability,
-            "description": desc[s.capability].description,
-            "mean_delta": round(s.mean_delta, 4),
-            "std_delta": round(s.std_delta, 4),
-            "mean_coverage": round(s.mean_coverage, 4),
-            "std_coverage": round(s.std_coverage, 4),
-            "runs_passed": s.runs_passed,
-            "runs_total": len(s.runs),
-            "example_failed_task_ids": s.example_failed,
-            "selection_frequency": round(freq[s.capability], 4),
-        }
-        if desc[s.capability].distractor:
-            d["distractor"] = True
-        if not s.selected:
-            why = []
-            if s.mean_coverage < cfg["coverage_min"]:
-                why.append(f"coverage {s.mean_coverage:.2f} < {cfg['coverage_min']}")
-            if s.mean_delta < cfg["delta_min"]:
-                why.append(f"delta {s.mean_delta:.2f} < {cfg['delta_min']}")
-            why.append(f"passed {s.runs_passed}/{len(s.runs)} runs < {cfg['min_runs']}")
-            why.append(
-                f"selected for {freq[s.capability]:.0%} of {len(seeds)} bootstrap seeds < {cfg['agreement']:.0%}"
-            )
-            d["reason"] = "; ".join(why)
-        return d
 
-    n_fail = sum(1 for e in eps if not e["success"])
-    doc = {
-        "kind": "diagnosis",
-        "version": 1,
-        "rollouts": art.uri,
-        "analyst": cfg["analyst"],
-        "thresholds": {
-            "coverage_min": cfg["coverage_min"],
-            "delta_min": cfg["delta_min"],
-            "runs": cfg["runs"],
-            "min_runs": cfg["min_runs"],
-            "resample": "bootstrap" if bootstrap else "none",
-            "bootstrap_seeds": len(seeds),
-            "agreement": cfg["agreement"],
-        },
-        "episodes": {"failed": n_fail, "passed": len(eps) - n_fail},
-        "selected": [entry(s) for s in sel if s.selected],
-        "rejected": [entry(s) for s in sel if not s.selected],
+def _entry(s, desc: dict[str, Any], cfg: Any, freq: dict[str, float], n_seeds: int) -> dict[str, Any]:
+    """A capability's entry in capabilities.yaml: its numbers, and why it was not selected."""
+    d = {
+        "name": s.capability,
+        "description": desc[s.capability].description,
+        "mean_delta": round(s.mean_delta, 4),
+        "std_delta": round(s.std_delta, 4),
+        "mean_coverage": round(s.mean_coverage, 4),
+        "std_coverage": round(s.std_coverage, 4),
+        "runs_passed": s.runs_passed,
+        "runs_total": len(s.runs),
+        "example_failed_task_ids": s.example_failed,
+        "selection_frequency": round(freq[s.capability], 4),
     }
-    validate(doc, "diagnosis.v1.json", source=CAPS_FILE)
-    with prepared.writer(store, "diagnosis", name=name, overrides=overrides, replace=replace) as w:
-        (w.path / CAPS_FILE).write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=110))
-        (w.path / CANDIDATES_FILE).write_text(
-            yaml.safe_dump(
-                {"kind": "capabilities", "version": 1, "capabilities": [c.to_dict() for c in cands]},
-                sort_keys=False,
-                allow_unicode=True,
-                width=110,
-            )
+    if desc[s.capability].distractor:
+        d["distractor"] = True
+    if not s.selected:
+        why = []
+        if s.mean_coverage < cfg["coverage_min"]:
+            why.append(f"coverage {s.mean_coverage:.2f} < {cfg['coverage_min']}")
+        if s.mean_delta < cfg["delta_min"]:
+            why.append(f"delta {s.mean_delta:.2f} < {cfg['delta_min']}")
+        why.append(f"passed {s.runs_passed}/{len(s.runs)} runs < {cfg['min_runs']}")
+        why.append(
+            f"selected for {freq[s.capability]:.0%} of {n_seeds} bootstrap seeds < {cfg['agreement']:.0%}"
         )
-        rows = [
-            {
-                "episode_id": lb.episode_id,
-                "task_id": str(by_id[lb.episode_id]["task_id"]),
-                "success": bool(by_id[lb.episode_id]["success"]),
-                "capability": lb.capability,
-                "run": lb.run,
-                "label": lb.label,
-                "weight": wt,
-                "rationale": lb.rationale,
-                "analyst": cfg["analyst"],
-            }
-            for lb, wt in labels
-        ]
-        LABELS.write(rows, w.path, compression="zstd")
-        run_rows = [
-            {
-                "capability": s.capability,
-                "run": i,
-                **{k: v for k, v in rs.to_dict().items() if k in CAPABILITY_RUNS.names},
-                "passed": p,
-            }
-            for s in sel
-            for i, (rs, p) in enumerate(zip(s.runs, s.passed, strict=True))
-        ]
-        CAPABILITY_RUNS.write(run_rows, w.path)
-        w.summary.update(
-            {
-                "selected": [d["name"] for d in doc["selected"]],
-                "rejected": [d["name"] for d in doc["rejected"]],
-                "episodes": len(eps),
-                "failed": n_fail,
-                "analyst": cfg["analyst"],
-                "label_errors": n_err,
-            }
-        )
+        d["reason"] = "; ".join(why)
+    return d
 
-    return {"diagnosis": w.artifact}
+
+def _write_tables(
+    path, doc: dict[str, Any], cands: list, labels: list[tuple], by_id, sel, analyst: str
+) -> None:
+    """A diagnosis artifact's files: capabilities.yaml, candidates.yaml, the labels and per-run numbers."""
+    (path / CAPS_FILE).write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=110))
+    (path / CANDIDATES_FILE).write_text(
+        yaml.safe_dump(
+            {"kind": "capabilities", "version": 1, "capabilities": [c.to_dict() for c in cands]},
+            sort_keys=False,
+            allow_unicode=True,
+            width=110,
+        )
+    )
+    rows = [
+        {
+            "episode_id": lb.episode_id,
+            "task_id": str(by_id[lb.episode_id]["task_id"]),
+            "success": bool(by_id[lb.episode_id]["success"]),
+            "capability": lb.capability,
+            "run": lb.run,
+            "label": lb.label,
+            "weight": wt,
+            "rationale": lb.rationale,
+            "analyst": analyst,
+        }
+        for lb, wt in labels
+    ]
+    LABELS.write(rows, path, compression="zstd")
+    run_rows = [
+        {
+            "capability": s.capability,
+            "run": i,
+            **{k: v for k, v in rs.to_dict().items() if k in CAPABILITY_RUNS.names},
+            "passed": p,
+        }
+        for s in sel
+        for i, (rs, p) in enumerate(zip(s.runs, s.passed, strict=True))
+    ]
+    CAPABILITY_RUNS.write(run_rows, path)

@@ -90,14 +90,13 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
     from trace_cli.envs.registry import make_env
     from trace_cli.envs.rollout import rollout
     from trace_cli.progress import Bar
-    from trace_cli.store.rollouts import tool_call_rows, write_tables
+    from trace_cli.store.rollouts import write_tables
 
     cfg = prepared.config
     seeds: list[int] = prepared.extra["seeds"]
     sampling = SamplingSettings.of(cfg)
     policy = load_policy(prepared.extra["model"], **sampling.policy_kwargs(), seed=cfg["seed"])
     jobs = [(s, t) for s in seeds for t in range(cfg["trials"])]
-    import sys
     import time
 
     t0 = time.monotonic()
@@ -111,7 +110,49 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
             on_done=lambda r: bar.advance(),
         )
     wall = time.monotonic() - t0
-    episodes, calls, metas = [], [], {}
+    episodes, calls, metas = _episode_rows(results, prepared)
+    rows_for_summary = [
+        {
+            "task_id": e["task_id"],
+            "task_family": e["task_family"],
+            "seed": e["seed"],
+            "success": e["success"],
+            "reward": e["reward"],
+        }
+        for e in episodes
+    ]
+    summary, per_task = summarize(rows_for_summary, cfg["trials"])
+    summary.update(_speed_and_truncation(results, wall, cfg["max_new_tokens"]))
+    with prepared.writer(store, "rollouts", name=name, overrides=overrides, replace=replace) as w:
+        write_tables(w.path, episodes, calls)
+        n_succ = sum(e["success"] for e in episodes)
+        w.summary.update(
+            {
+                "episodes": len(episodes),
+                "successes": n_succ,
+                "failures": len(episodes) - n_succ,
+                "tool_calls": len(calls),
+                "env": str(cfg["env"]),
+                "model": cfg["model"],
+            }
+        )
+    rollouts_art = w.artifact
+    with prepared.writer(store, "eval", name=name, overrides=overrides, replace=replace) as w:
+        table_rows = [{**t, "pass_hat_k": json.dumps(t["pass_hat_k"])} for t in per_task]
+        EVAL_RESULTS.write(table_rows, w.path)
+        TASK_METADATA.write(list(metas.values()), w.path)
+        w.summary.update(summary)
+        w.summary["rollouts"] = rollouts_art.uri
+    return {"rollouts": rollouts_art, "eval": w.artifact}
+
+
+def _episode_rows(results: list[Any], prepared: Prepared):
+    """(episodes, tool calls, task metadata by task id) of the rollout results, as the tables store them."""
+    from trace_cli.store.rollouts import tool_call_rows
+
+    episodes: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
+    metas: dict[str, dict[str, Any]] = {}
     for r in results:
         eid = f"{r.task_id}-t{r.trial}"
         meta = r.metadata or {}
@@ -135,7 +176,7 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
                 "reference_actions": None if ref is None else json.dumps(ref, ensure_ascii=False),
                 "info": json.dumps(
                     {
-                        "policy": cfg["model"],
+                        "policy": prepared.config["model"],
                         "breakdown": r.breakdown,
                         "gen_tokens": r.gen_tokens,
                         "n_errors": r.n_errors,
@@ -155,50 +196,27 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
             "required_capabilities": json.dumps(meta.get("required_capabilities") or []),
             "reference_actions": None if ref is None else json.dumps(ref),
         }
-    rows_for_summary = [
-        {
-            "task_id": e["task_id"],
-            "task_family": e["task_family"],
-            "seed": e["seed"],
-            "success": e["success"],
-            "reward": e["reward"],
-        }
-        for e in episodes
-    ]
-    summary, per_task = summarize(rows_for_summary, cfg["trials"])
+    return episodes, calls, metas
+
+
+def _speed_and_truncation(results: list[Any], wall: float, max_new_tokens: int) -> dict[str, Any]:
+    """Throughput, and a warning when most turns ran out of new tokens (printed and kept in the summary)."""
+    import sys
+
+    out: dict[str, Any] = {}
     gen_tokens = sum(r.gen_tokens for r in results)
-    summary["wall_s"] = round(wall, 2)
-    summary["episodes_per_s"] = round(len(results) / wall, 3) if wall > 0 else None
-    summary["gen_tokens_per_s"] = round(gen_tokens / wall, 1) if wall > 0 else None
+    out["wall_s"] = round(wall, 2)
+    out["episodes_per_s"] = round(len(results) / wall, 3) if wall > 0 else None
+    out["gen_tokens_per_s"] = round(gen_tokens / wall, 1) if wall > 0 else None
     turns = sum(r.n_actions for r in results)
     truncated = sum(r.n_truncated for r in results)
-    summary["truncated_turns"] = truncated
+    out["truncated_turns"] = truncated
     if turns and truncated > turns / 2:
         # most turns ran out of tokens: the scores measure max_new_tokens, not the model (issue 12)
         msg = (
-            f"{truncated} of {turns} turns hit max_new_tokens ({cfg['max_new_tokens']}): raise --max-new-tokens, "
+            f"{truncated} of {turns} turns hit max_new_tokens ({max_new_tokens}): raise --max-new-tokens, "
             "or check that the model stops (its stop tokens and chat template)"
         )
-        summary["warnings"] = [msg]
+        out["warnings"] = [msg]
         print(f"warning: {msg}", file=sys.stderr)
-    with prepared.writer(store, "rollouts", name=name, overrides=overrides, replace=replace) as w:
-        write_tables(w.path, episodes, calls)
-        n_succ = sum(e["success"] for e in episodes)
-        w.summary.update(
-            {
-                "episodes": len(episodes),
-                "successes": n_succ,
-                "failures": len(episodes) - n_succ,
-                "tool_calls": len(calls),
-                "env": str(cfg["env"]),
-                "model": cfg["model"],
-            }
-        )
-    rollouts_art = w.artifact
-    with prepared.writer(store, "eval", name=name, overrides=overrides, replace=replace) as w:
-        table_rows = [{**t, "pass_hat_k": json.dumps(t["pass_hat_k"])} for t in per_task]
-        EVAL_RESULTS.write(table_rows, w.path)
-        TASK_METADATA.write(list(metas.values()), w.path)
-        w.summary.update(summary)
-        w.summary["rollouts"] = rollouts_art.uri
-    return {"rollouts": rollouts_art, "eval": w.artifact}
+    return out

@@ -297,29 +297,32 @@ def _calibrate_and_write(
         kept = _keep_token_rollouts(w.path, cal.results, policy, prepared)
         if kept:
             w.summary["calibration_rollouts"] = kept
-        last = cal.attempts[-1]
-        w.summary.update(
-            {
-                "capability": cap,
-                "name": doc["name"],
-                "source": doc["source"],
-                "params": final_params,
-                "tools": [t["function"]["name"] for t in obs.tools],
-                "target": target["ref"],
-                "checks_passed": True,
-                "calibration_attempts": len(cal.attempts),
-                "mean_success": last.mean_success,
-                "mean_reward": last.mean_reward,
-                "frac_all0": last.frac_all0,
-                "frac_all1": last.frac_all1,
-                "frac_constant_low": last.frac_constant_low,  # constant-reward groups below 1 (the band's)
-                "hint_share": last.hint_share,
-                "mean_success_unhinted": last.mean_success_unhinted,
-                "seeds_train": doc["seeds"]["train"],
-                "seeds_eval": doc["seeds"]["eval"],
-            }
-        )
+        w.summary.update(_summary(doc, final_params, obs, target, cal))
     return {"environment": w.artifact}
+
+
+def _summary(doc: dict[str, Any], params: dict[str, Any], obs, target: dict[str, Any], cal) -> dict[str, Any]:
+    """The environment artifact's summary: what it is and how its last calibration attempt did."""
+    last = cal.attempts[-1]
+    return {
+        "capability": doc["capability"],
+        "name": doc["name"],
+        "source": doc["source"],
+        "params": params,
+        "tools": [t["function"]["name"] for t in obs.tools],
+        "target": target["ref"],
+        "checks_passed": True,
+        "calibration_attempts": len(cal.attempts),
+        "mean_success": last.mean_success,
+        "mean_reward": last.mean_reward,
+        "frac_all0": last.frac_all0,
+        "frac_all1": last.frac_all1,
+        "frac_constant_low": last.frac_constant_low,  # constant-reward groups below 1 (the band's)
+        "hint_share": last.hint_share,
+        "mean_success_unhinted": last.mean_success_unhinted,
+        "seeds_train": doc["seeds"]["train"],
+        "seeds_eval": doc["seeds"]["eval"],
+    }
 
 
 def _keep_token_rollouts(path, results: list[Any], policy: Any, prepared: Prepared) -> dict[str, Any] | None:

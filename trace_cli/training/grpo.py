@@ -92,10 +92,9 @@ def train_grpo(spec: GRPOSpec) -> GRPOResult:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from transformers.utils import logging as hf_logging
-    from trl import GRPOConfig
 
     from trace_cli.models import device
 
@@ -111,61 +110,11 @@ def train_grpo(spec: GRPOSpec) -> GRPOResult:
     tok = AutoTokenizer.from_pretrained(spec.model_path, padding_side="left", truncation_side="left")
     model = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=dtype)
     max_context = int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
-    ckpt = spec.checkpoint_every
-    args = GRPOConfig(
-        output_dir=spec.output_dir,
-        max_steps=spec.max_steps,
-        per_device_train_batch_size=spec.per_device_batch_size,
-        gradient_accumulation_steps=spec.gradient_accumulation_steps,
-        num_generations=spec.num_generations,
-        num_iterations=spec.num_iterations,
-        learning_rate=spec.learning_rate,
-        lr_scheduler_type=spec.lr_scheduler,
-        warmup_steps=spec.warmup_steps,
-        max_grad_norm=spec.max_grad_norm,
-        temperature=spec.temperature,
-        top_p=spec.top_p,
-        top_k=spec.top_k,
-        beta=spec.beta,
-        epsilon=spec.epsilon,
-        epsilon_high=spec.epsilon_high,
-        loss_type=spec.loss_type,
-        scale_rewards=spec.scale_rewards,
-        max_completion_length=spec.max_completion_length,
-        logging_steps=1,
-        save_strategy="steps" if ckpt else "no",
-        save_steps=ckpt or 500,
-        save_total_limit=2,
-        report_to=spec.report_to,
-        use_cpu=not cuda,
-        bf16=bf16,
-        gradient_checkpointing=bool(
-            cuda if spec.gradient_checkpointing is None else spec.gradient_checkpointing
-        ),
-        seed=spec.seed,
-        disable_tqdm=bool(os.environ.get("TRACE_NO_PROGRESS")),
-        remove_unused_columns=False,
-        use_vllm=spec.use_vllm,
-        vllm_mode="colocate",
-        vllm_gpu_memory_utilization=spec.vllm["gpu_memory_utilization"],
-        generation_kwargs={"max_tokens": spec.max_new_tokens} if spec.use_vllm else None,
-        log_level="warning",
-    )
+    args = _grpo_config(spec, cuda=cuda, bf16=bf16)
     dataset = Dataset.from_dict({"prompt": [seed_prompt(s) for s in spec.seeds], "seed": list(spec.seeds)})
     holder: dict[str, Any] = {}
     stats: dict[str, Any] = {}
-    callbacks = []
-    if spec.log is not None:
-        log_fn = spec.log
-
-        class _Log(TrainerCallback):
-            def on_log(self, args, state, control, logs=None, **kw):
-                if logs and "reward" in logs:
-                    log_fn({"step": state.global_step, **logs})
-
-        callbacks.append(_Log())
-    if spec.snapshot_steps:
-        callbacks.append(_snapshot_callback(spec.snapshot_steps, spec.output_dir))
+    callbacks = _callbacks(spec)
     cls = trainer_class()
     with _tensorboard_dir(spec.logging_dir if spec.report_to == "tensorboard" else None):
         trainer = cls(
@@ -211,3 +160,68 @@ def train_grpo(spec: GRPOSpec) -> GRPOResult:
         stats.get("replayed_steps", 0),
         stats.get("replayed", 0),
     )
+
+
+def _grpo_config(spec: GRPOSpec, *, cuda: bool, bf16: bool):
+    """TRL's GRPOConfig of a run: the spec's settings under TRL's names, and how this machine runs it."""
+    from trl import GRPOConfig
+
+    ckpt = spec.checkpoint_every
+    return GRPOConfig(
+        output_dir=spec.output_dir,
+        max_steps=spec.max_steps,
+        per_device_train_batch_size=spec.per_device_batch_size,
+        gradient_accumulation_steps=spec.gradient_accumulation_steps,
+        num_generations=spec.num_generations,
+        num_iterations=spec.num_iterations,
+        learning_rate=spec.learning_rate,
+        lr_scheduler_type=spec.lr_scheduler,
+        warmup_steps=spec.warmup_steps,
+        max_grad_norm=spec.max_grad_norm,
+        temperature=spec.temperature,
+        top_p=spec.top_p,
+        top_k=spec.top_k,
+        beta=spec.beta,
+        epsilon=spec.epsilon,
+        epsilon_high=spec.epsilon_high,
+        loss_type=spec.loss_type,
+        scale_rewards=spec.scale_rewards,
+        max_completion_length=spec.max_completion_length,
+        logging_steps=1,
+        save_strategy="steps" if ckpt else "no",
+        save_steps=ckpt or 500,
+        save_total_limit=2,
+        report_to=spec.report_to,
+        use_cpu=not cuda,
+        bf16=bf16,
+        gradient_checkpointing=bool(
+            cuda if spec.gradient_checkpointing is None else spec.gradient_checkpointing
+        ),
+        seed=spec.seed,
+        disable_tqdm=bool(os.environ.get("TRACE_NO_PROGRESS")),
+        remove_unused_columns=False,
+        use_vllm=spec.use_vllm,
+        vllm_mode="colocate",
+        vllm_gpu_memory_utilization=spec.vllm["gpu_memory_utilization"],
+        generation_kwargs={"max_tokens": spec.max_new_tokens} if spec.use_vllm else None,
+        log_level="warning",
+    )
+
+
+def _callbacks(spec: GRPOSpec) -> list:
+    """The run's own trainer callbacks: one log line per step (spec.log) and adapter snapshots."""
+    from transformers import TrainerCallback
+
+    callbacks = []
+    if spec.log is not None:
+        log_fn = spec.log
+
+        class _Log(TrainerCallback):
+            def on_log(self, args, state, control, logs=None, **kw):
+                if logs and "reward" in logs:
+                    log_fn({"step": state.global_step, **logs})
+
+        callbacks.append(_Log())
+    if spec.snapshot_steps:
+        callbacks.append(_snapshot_callback(spec.snapshot_steps, spec.output_dir))
+    return callbacks
