@@ -223,7 +223,7 @@ def test_discovery_that_stays_invalid_is_a_usage_error(llm_server):
 
 
 def test_env_author_asks_through_the_same_client(llm_server, monkeypatch):
-    from trace_cli.envs.synthetic.author import author_messages, write_module
+    from trace_cli.envs.authoring import author_messages, write_module
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     src = "def make_env(**params):\n    return None\n"
@@ -240,7 +240,7 @@ def test_env_author_asks_through_the_same_client(llm_server, monkeypatch):
 
 
 def test_env_author_errors_exit_2(llm_server):
-    from trace_cli.envs.synthetic.author import write_module
+    from trace_cli.envs.authoring import write_module
 
     msgs = [{"role": "user", "content": "write"}]
     with pytest.raises(UsageError, match="cannot reach") as ei:

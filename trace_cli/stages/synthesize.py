@@ -9,7 +9,7 @@ N seeds × K rollouts of the policy model land in band (mean success in [0.2, 0.
 the stage fails (exit 1) with the numbers of every attempt.
 
 The stage only orchestrates: the target's tools (`envs.target.resolve_target`), the candidate (template, or the module
-an LLM author writes: `envs.synthetic.author`), the checks (`envs.synthetic.checks.admit`), calibration
+an LLM author writes: `envs.authoring`), the checks (`envs.synthetic.checks.admit`), calibration
 (`envs.synthetic.calibrate`) and the artifact, whose files `envs.artifact` owns (environment.yaml,
 calibration.parquet, samples.jsonl, module.py and modules/ for LLM authors).
 
@@ -176,9 +176,9 @@ class Candidate:
 
 
 def _candidate(cfg: dict[str, Any], store: Store, prepared: Prepared, limits: Any) -> Candidate:
+    from trace_cli.envs.authoring import author_module
     from trace_cli.envs.sandbox import module_env_factory
     from trace_cli.envs.synthetic import TEMPLATES
-    from trace_cli.envs.synthetic.author import author_module
 
     cap, target = cfg["capability"], prepared.extra["target"]
     module_src, modules, fallback = None, [], None
