@@ -110,7 +110,9 @@ def test_policy_drives_shop_to_reward_one():
         plans[obs.messages[0]["content"]] = list(env.reference_actions())
     client = _ReplayClient(plans)
     ref = resolve_model("openai:http://127.0.0.1:9/v1?model=m&concurrency=2")
-    policy = OpenAIPolicy(parse_ref(ref.extra["ref"]), max_new_tokens=7, client=client)
+    policy = OpenAIPolicy(
+        parse_ref(ref.extra["ref"]), temperature=0.0, top_p=1.0, max_new_tokens=7, seed=0, client=client
+    )
     results = rollout(policy, lambda: make_env("shop"), [(s, 0) for s in seeds], max_turns=12, batch_size=4)
     assert [r.success for r in results] == [True] * len(seeds)
     assert all(r.gen_tokens > 0 for r in results)
@@ -143,6 +145,16 @@ def test_unreachable_endpoint_is_a_usage_error(tmp_path):
 def test_load_policy_builds_the_openai_policy(monkeypatch):
     monkeypatch.setenv("MY_KEY", "sk-test")
     ref = resolve_model("openai:https://api.example.invalid/v1?model=gpt&api_key_env=MY_KEY&max_retries=1")
-    pol = load_policy(ref, temperature=0.5, max_new_tokens=9)
+    pol = load_policy(ref, temperature=0.5, top_p=1.0, max_new_tokens=9, seed=0)
     assert isinstance(pol, OpenAIPolicy) and pol.client.api_key == "sk-test"
     assert pol.client.max_retries == 1 and pol.temperature == 0.5 and pol.max_new_tokens == 9
+
+
+def test_the_policy_samples_only_as_it_is_told(monkeypatch):
+    """No sampling default of its own: the stage's config (its schema) owns them, so none given is an error."""
+    monkeypatch.setenv("MY_KEY", "sk-test")
+    ref = resolve_model("openai:https://api.example.invalid/v1?model=gpt&api_key_env=MY_KEY")
+    with pytest.raises(TypeError, match="temperature"):
+        OpenAIPolicy(parse_ref(ref.extra["ref"]), top_p=1.0, max_new_tokens=9, seed=0)
+    with pytest.raises(TypeError, match="top_p"):
+        load_policy(ref, temperature=0.5, max_new_tokens=9, seed=0)

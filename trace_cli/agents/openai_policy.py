@@ -77,16 +77,17 @@ def to_actions(message: Any) -> str | list[dict[str, Any]]:
 
 
 class OpenAIPolicy:
-    """Any OpenAI-compatible chat-completions endpoint, greedy by default (temperature 0)."""
+    """Any OpenAI-compatible chat-completions endpoint, sampling as the stage's config says (its schema's
+    defaults: greedy, temperature 0)."""
 
     def __init__(
         self,
         endpoint: Endpoint,
         *,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        max_new_tokens: int = 128,
-        seed: int = 0,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+        seed: int,
         client: Any = None,
     ):
         self.endpoint = endpoint

@@ -125,13 +125,7 @@ def train_gates(
     device = next(model.parameters()).device
     params = [layer.gate.weight for layer in layers.values()]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    counts = torch.zeros(n_slots)
-    for e in examples:
-        counts[e.slot] += max(1, len(e.ids) - e.first)
-    weight = torch.where(
-        counts > 0, counts.sum() / (counts.clamp(min=1) * (counts > 0).sum()), torch.zeros(())
-    )
-    weight = weight.to(device)
+    weight = _class_weights(examples, n_slots).to(device)
     by_slot: dict[int, list[Example]] = {}
     for e in examples:
         by_slot.setdefault(e.slot, []).append(e)
@@ -146,31 +140,11 @@ def train_gates(
             batch = [
                 rng.choice(by_slot[slots[(step * batch_size + i) % len(slots)]]) for i in range(batch_size)
             ]
-            ids, mask, labels = _batch(batch, pad_id, device)
-            trace.clear()
-            trace.collect_logits = True
-            trace.mask = mask.reshape(-1).bool()
-            dec(input_ids=ids, attention_mask=mask, use_cache=False)
-            flat = labels.reshape(-1)
-            keep = flat != -100
-            ce = torch.stack(
-                [
-                    F.cross_entropy(lg.reshape(-1, n_slots)[keep], flat[keep], weight=weight)
-                    for lg in trace.logits
-                ]
-            ).mean()
-            aux = torch.stack(trace.aux).mean() if trace.aux else torch.zeros((), device=device)
+            ce, aux, acc = _gate_losses(dec, trace, _batch(batch, pad_id, device), n_slots, weight)
             loss = ce + aux_coef * aux
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            with torch.no_grad():
-                acc = torch.stack(
-                    [
-                        (lg.reshape(-1, n_slots)[keep].argmax(-1) == flat[keep]).float().mean()
-                        for lg in trace.logits
-                    ]
-                ).mean()
             row = {
                 "step": step,
                 "loss": float(loss.detach()),
@@ -188,6 +162,35 @@ def train_gates(
         trace.mask = None
         model.eval()
     return rows
+
+
+def _class_weights(examples: list[Example], n_slots: int) -> torch.Tensor:
+    """Each slot's CE weight: inversely proportional to its routed tokens, so every present slot counts alike."""
+    counts = torch.zeros(n_slots)
+    for e in examples:
+        counts[e.slot] += max(1, len(e.ids) - e.first)
+    return torch.where(counts > 0, counts.sum() / (counts.clamp(min=1) * (counts > 0).sum()), torch.zeros(()))
+
+
+def _gate_losses(dec, trace: RoutingTrace, batch, n_slots: int, weight: torch.Tensor):
+    """One forward of a batch (ids, mask, labels): the class-weighted CE over every gate, the load-balancing aux
+    loss, and the gates' token accuracy (no gradient)."""
+    ids, mask, labels = batch
+    trace.clear()
+    trace.collect_logits = True
+    trace.mask = mask.reshape(-1).bool()
+    dec(input_ids=ids, attention_mask=mask, use_cache=False)
+    flat = labels.reshape(-1)
+    keep = flat != -100
+    ce = torch.stack(
+        [F.cross_entropy(lg.reshape(-1, n_slots)[keep], flat[keep], weight=weight) for lg in trace.logits]
+    ).mean()
+    aux = torch.stack(trace.aux).mean() if trace.aux else torch.zeros((), device=ids.device)
+    with torch.no_grad():
+        acc = torch.stack(
+            [(lg.reshape(-1, n_slots)[keep].argmax(-1) == flat[keep]).float().mean() for lg in trace.logits]
+        ).mean()
+    return ce, aux, acc
 
 
 @torch.no_grad()

@@ -219,8 +219,9 @@ def load_composition_policy(
 
 
 def load_policy(ref: ModelRef, *, record_tokens: bool = False, **sampling: Any):
-    """The policy that drives `ref`. `sampling`: temperature, top_p, max_new_tokens, seed (each policy's
-    defaults otherwise: greedy, 128 new tokens, seed 0); the built-ins take only the seed."""
+    """The policy that drives `ref`. `sampling`: temperature, top_p, max_new_tokens, seed, from the stage's config
+    (`SamplingSettings.policy_kwargs()` and its `seed`); an OpenAI endpoint and a built-in need them given, a
+    local model takes the ones given; the built-ins take only the seed."""
     from trace_cli.agents import scripted
     from trace_cli.models.importer import context_of, read_meta
 
@@ -230,7 +231,7 @@ def load_policy(ref: ModelRef, *, record_tokens: bool = False, **sampling: Any):
 
         return OpenAIPolicy(parse_ref(ref.extra["ref"]), **sampling)
     if ref.kind == "builtin":
-        seed = sampling.get("seed", 0)
+        seed = sampling["seed"]
         if ref.display.startswith("policy:demonstration"):
             from trace_cli.models.refs import demonstration_params
 

@@ -136,7 +136,7 @@ def _by_id(doc: dict[str, Any]) -> dict[str, Any]:
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     """Load and fully validate a recipe; raise ValidationError with every problem found."""
-    from trace_cli.stages import STAGES, config_schema, get_stage
+    from trace_cli.stages import STAGES, get_stage
 
     p = Path(path)
     doc = load_document(p)
@@ -149,36 +149,11 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
         if not isinstance(doc, dict) or not isinstance(doc.get("steps"), list):
             raise
         errors += ve.errors  # keep going: the well-formed steps are checked too, so every error shows at once
-    # (file index, step) for steps well-formed enough to check their `with`, references and cycles
-    raw = [
-        (i, s)
-        for i, s in enumerate(doc["steps"])
-        if isinstance(s, dict)
-        and isinstance(s.get("id"), str)
-        and isinstance(s.get("uses"), str)
-        and isinstance(s.get("with") or {}, dict)
-    ]
-    ids = [s["id"] for _, s in raw]
+    raw = _well_formed_steps(doc["steps"], errors)
     all_ids = {s.get("id") for s in doc["steps"] if isinstance(s, dict)}  # a malformed step still exists
-    first: dict[str, int] = {}
-    for i, s in raw:
-        if s["id"] in first:
-            errors.append(f"steps[{i}].id: duplicate step id {s['id']!r} (also steps[{first[s['id']]}])")
-        else:
-            first[s["id"]] = i
     applied: list[dict[str, Any]] = []
     if overrides and not errors:  # overrides address steps by id, which needs a well-formed recipe
-        for o in overrides:
-            if not o.split("=", 1)[0].startswith("steps."):
-                raise UsageError(f"--set {o!r}: recipe overrides look like steps.STEP_ID.with.KEY=VALUE")
-            key = o.split("=", 1)[0]
-            sid = key.split(".")[1].split("[")[0]
-            if sid not in ids:
-                raise UsageError(f"--set {o!r}: no step with id {sid!r}; steps are: {', '.join(ids)}")
-        by_id, applied = apply_overrides(_by_id(doc), overrides)
-        doc = dict(by_id)
-        doc["steps"] = [by_id["steps"][sid] for sid in ids]
-        validate(doc, "recipe.v1.json", source=f"{p} (after --set)")
+        doc, applied = _override(doc, [s["id"] for _, s in raw], overrides, p)
         raw = list(enumerate(doc["steps"]))
     steps = []
     for i, s in raw:
@@ -186,41 +161,87 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
         step.overrides = [a for a in applied if a["key"].split(".")[1].split("[")[0] == step.id]
         steps.append(step)
     outputs_of = {t.id: get_stage(t.uses).OUTPUTS for t in steps if t.uses in STAGES}
-    uses_of = {t.id: t.uses for t in steps}
     recipe = Recipe(p, steps, applied)
     cycle = _find_cycle(steps)
     unique = len({t.id for t in steps}) == len(steps)
     fanning = _mark_fan_out(recipe) if unique and not cycle else set()
+    uses_of = {t.id: t.uses for t in steps}
     for s in steps:
-        if s.uses not in STAGES:
-            errors.append(
-                f"steps[{s.index}].uses: unknown stage {s.uses!r}; expected one of: {', '.join(sorted(STAGES))}"
-            )
-            continue
-        view = _with_lists(s.with_, fanning, f"steps[{s.index}].with", errors)
-        try:
-            validate(view, config_schema(s.uses))
-        except ValidationError as ve:
-            errors += [
-                f"steps[{s.index}].with" + ("" if e.startswith("<root>") else ".") + e.removeprefix("<root>")
-                for e in ve.errors
-            ]
-        for path_, sid, out in s.refs():
-            if sid not in all_ids:
-                errors.append(f"{path_}: dangling reference ${{steps.{sid}.outputs.{out}}}: no step {sid!r}")
-            elif sid == s.id:
-                errors.append(f"{path_}: step {s.id!r} refers to its own output")
-            elif sid in outputs_of and out not in outputs_of[sid]:
-                errors.append(
-                    f"{path_}: step {sid!r} ({uses_of[sid]}) has no output {out!r}; "
-                    f"outputs: {', '.join(outputs_of[sid])}"
-                )
-        errors += _unparsable_refs(s.with_, f"steps[{s.index}].with")
+        errors += _step_errors(s, fanning, all_ids, outputs_of, uses_of)
     if cycle:
         errors.append("cycle: " + " -> ".join(cycle))
     if errors:
         raise ValidationError(errors, source=f"{p} (after --set)" if applied else str(p))
     return recipe
+
+
+def _well_formed_steps(steps: list[Any], errors: list[str]) -> list[tuple[int, dict[str, Any]]]:
+    """(file index, step) for steps well-formed enough to check their `with`, references and cycles; a duplicate
+    id is an error."""
+    raw = [
+        (i, s)
+        for i, s in enumerate(steps)
+        if isinstance(s, dict)
+        and isinstance(s.get("id"), str)
+        and isinstance(s.get("uses"), str)
+        and isinstance(s.get("with") or {}, dict)
+    ]
+    first: dict[str, int] = {}
+    for i, s in raw:
+        if s["id"] in first:
+            errors.append(f"steps[{i}].id: duplicate step id {s['id']!r} (also steps[{first[s['id']]}])")
+        else:
+            first[s["id"]] = i
+    return raw
+
+
+def _override(
+    doc: dict[str, Any], ids: list[str], overrides: list[str], p: Path
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The recipe with `--set steps.STEP_ID.with.KEY=VALUE` applied (validated again), and what was applied."""
+    for o in overrides:
+        if not o.split("=", 1)[0].startswith("steps."):
+            raise UsageError(f"--set {o!r}: recipe overrides look like steps.STEP_ID.with.KEY=VALUE")
+        key = o.split("=", 1)[0]
+        sid = key.split(".")[1].split("[")[0]
+        if sid not in ids:
+            raise UsageError(f"--set {o!r}: no step with id {sid!r}; steps are: {', '.join(ids)}")
+    by_id, applied = apply_overrides(_by_id(doc), overrides)
+    doc = dict(by_id)
+    doc["steps"] = [by_id["steps"][sid] for sid in ids]
+    validate(doc, "recipe.v1.json", source=f"{p} (after --set)")
+    return doc, applied
+
+
+def _step_errors(
+    s: Step, fanning: set[str], all_ids: set[Any], outputs_of: dict[str, Any], uses_of: dict[str, str]
+) -> list[str]:
+    """One step's problems: an unknown stage, a `with` its stage's schema refuses, bad output references."""
+    from trace_cli.stages import STAGES, config_schema
+
+    if s.uses not in STAGES:
+        return [
+            f"steps[{s.index}].uses: unknown stage {s.uses!r}; expected one of: {', '.join(sorted(STAGES))}"
+        ]
+    errors: list[str] = []
+    view = _with_lists(s.with_, fanning, f"steps[{s.index}].with", errors)
+    try:
+        validate(view, config_schema(s.uses))
+    except ValidationError as ve:
+        errors += [
+            f"steps[{s.index}].with" + ("" if e.startswith("<root>") else ".") + e.removeprefix("<root>")
+            for e in ve.errors
+        ]
+    for path_, sid, out in s.refs():
+        if sid not in all_ids:
+            errors.append(f"{path_}: dangling reference ${{steps.{sid}.outputs.{out}}}: no step {sid!r}")
+        elif sid == s.id:
+            errors.append(f"{path_}: step {s.id!r} refers to its own output")
+        elif sid in outputs_of and out not in outputs_of[sid]:
+            errors.append(
+                f"{path_}: step {sid!r} ({uses_of[sid]}) has no output {out!r}; outputs: {', '.join(outputs_of[sid])}"
+            )
+    return errors + _unparsable_refs(s.with_, f"steps[{s.index}].with")
 
 
 def _mark_fan_out(recipe: Recipe) -> set[str]:

@@ -18,6 +18,8 @@ import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -92,15 +94,154 @@ class _Gate:
             log.info(" ".join(fields))
 
 
-def create_app(engine: Engine, *, api_key: str | None = None, default_max_tokens: int = 512) -> FastAPI:
-    @asynccontextmanager
-    async def lifespan(app: FastAPI):
-        engine.start()
-        yield
-        await engine.stop()
+@dataclass(frozen=True)
+class Served:
+    """What every request is served with: the engine and the completion budget when a request asks none."""
 
-    app = FastAPI(title="trace serve", lifespan=lifespan)
-    app.add_middleware(_Gate, api_key=api_key)
+    engine: Engine
+    default_max_tokens: int
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A checked request, rendered: its messages and prompt tokens, the completion budget, stops, tool parsing."""
+
+    messages: list[dict[str, Any]]
+    ids: list[int]
+    max_tokens: int
+    forced: Any
+    stop: list[str]
+    parse_tools: Any
+    forced_names: Any
+
+
+def prepare(served: Served, req: ChatRequest) -> Prompt:
+    """Check the request (model, response_format, message sequence, context) and render its prompt."""
+    engine = served.engine
+    if req.model != engine.name:
+        raise RequestError(
+            f"model {req.model!r} is not served here; this server serves {engine.name!r}",
+            param="model",
+            code="model_not_found",
+            status=404,
+        )
+    check_response_format(req)
+    check_sequence(req.messages)
+    tools, parse_tools, forced_names = tools_for(req)
+    messages = to_internal([m.model_dump(exclude_none=True) for m in req.messages])
+    prompt = engine.render(messages, tools)
+    prompt_ids = engine.encode(prompt)
+    asked = req.max_completion_tokens or req.max_tokens
+    max_tokens = asked or served.default_max_tokens
+    ctx = engine.max_context
+    if ctx:
+        if len(prompt_ids) + (asked or 1) > ctx:
+            raise too_long(ctx, len(prompt_ids), asked or 1)
+        max_tokens = min(max_tokens, ctx - len(prompt_ids))  # no max_tokens asked: what fits
+    forced = engine.forced_ids(prompt, prompt_ids, forced_names) if forced_names else None
+    stop = [s for s in ([req.stop] if isinstance(req.stop, str) else list(req.stop or [])) if s]
+    return Prompt(messages, prompt_ids, max_tokens, forced, stop, parse_tools, forced_names)
+
+
+def make_jobs(req: ChatRequest, prompt: Prompt, events: asyncio.Queue) -> list[Job]:
+    """One generation job per choice (`n`); each reports its events to `events`, tagged with its index."""
+    loop = asyncio.get_running_loop()
+    jobs: list[Job] = []
+    for i in range(req.n):
+
+        def emit(ev: tuple, i: int = i) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, (i, ev))
+
+        jobs.append(
+            Job(
+                prompt.ids,
+                prompt.max_tokens,
+                emit,
+                req.temperature,
+                req.top_p,
+                prompt.stop,
+                prompt.forced,
+                prompt.messages,
+                seed=None if req.seed is None else req.seed + i,
+            )
+        )
+    return jobs
+
+
+def completion_body(
+    rid: str, created: int, model: str, choices: list, prompt: Prompt, jobs: list[Job]
+) -> dict:
+    """The chat.completion response of finished choices, with its usage (cached tokens: the prefix cache's)."""
+    usage = {
+        "prompt_tokens": len(prompt.ids),
+        "completion_tokens": sum(c.completion_tokens for c in choices),
+    }
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    usage["prompt_tokens_details"] = {"cached_tokens": jobs[0].cached}  # served from the prefix cache
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": c.index,
+                "message": {
+                    "role": "assistant",
+                    "content": c.content,
+                    **({"tool_calls": c.tool_calls} if c.tool_calls else {}),
+                },
+                "finish_reason": c.finish_reason,
+                "logprobs": None,
+            }
+            for c in choices
+        ],
+        "usage": usage,
+    }
+
+
+async def chat(served: Served, req: ChatRequest, request: Request):
+    """POST /v1/chat/completions: submit one job per choice, then stream them or answer when all finished."""
+    engine, state = served.engine, request.state
+    state.model = req.model
+    prompt = prepare(served, req)
+    state.prompt_tokens, state.stream = len(prompt.ids), req.stream
+    events: asyncio.Queue[tuple[int, tuple]] = asyncio.Queue()
+    jobs = make_jobs(req, prompt, events)
+    run = Run(engine, jobs, events, prompt.parse_tools, prompt.forced_names, prompt.stop)
+    watch = asyncio.create_task(watch_disconnect(request, jobs))
+    try:
+        for j in jobs:
+            engine.submit(j)
+        route = await run.started()  # a router's decision (x-trace-route) comes before any token
+        headers = {ROUTE_HEADER: json.dumps(route, sort_keys=True)} if route is not None else None
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        if req.stream:
+            watch.cancel()  # Starlette's StreamingResponse watches the client from here on
+            return StreamingResponse(
+                run.sse(rid, created, engine.name, state, usage=req.include_usage()),
+                media_type="text/event-stream",
+                headers=headers,
+            )
+        choices = await run.finished()
+    except BaseException:
+        for j in jobs:
+            j.cancel()
+        raise
+    finally:
+        if not req.stream:
+            watch.cancel()
+    if choices is None:  # the client went away; nobody reads this
+        state.status = 499
+        state.completion_tokens = sum(len(j.ids) for j in jobs)
+        return JSONResponse(error_body("client closed the request", "invalid_request_error"), 499)
+    body = completion_body(rid, created, engine.name, choices, prompt, jobs)
+    state.completion_tokens = body["usage"]["completion_tokens"]
+    return JSONResponse(body, headers=headers)
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """OpenAI's error body for every failure: validation 400, HTTP errors, RequestError, anything else 500."""
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
@@ -120,6 +261,20 @@ def create_app(engine: Engine, *, api_key: str | None = None, default_max_tokens
         log.error("request failed: %s: %s", type(exc).__name__, exc)
         return _err(500, f"generation failed: {type(exc).__name__}: {exc}")
 
+
+def create_app(engine: Engine, *, api_key: str | None = None, default_max_tokens: int = 512) -> FastAPI:
+    served = Served(engine, default_max_tokens)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine.start()
+        yield
+        await engine.stop()
+
+    app = FastAPI(title="trace serve", lifespan=lifespan)
+    app.add_middleware(_Gate, api_key=api_key)
+    add_error_handlers(app)
+
     @app.get("/v1/models")
     async def models():
         return {
@@ -133,107 +288,7 @@ def create_app(engine: Engine, *, api_key: str | None = None, default_max_tokens
         return engine.stats()
 
     @app.post("/v1/chat/completions")
-    async def chat(req: ChatRequest, request: Request):
-        state = request.state
-        state.model = req.model
-        if req.model != engine.name:
-            raise RequestError(
-                f"model {req.model!r} is not served here; this server serves {engine.name!r}",
-                param="model",
-                code="model_not_found",
-                status=404,
-            )
-        check_response_format(req)
-        check_sequence(req.messages)
-        tools, parse_tools, forced_names = tools_for(req)
-        messages = to_internal([m.model_dump(exclude_none=True) for m in req.messages])
-        prompt = engine.render(messages, tools)
-        prompt_ids = engine.encode(prompt)
-        asked = req.max_completion_tokens or req.max_tokens
-        max_tokens = asked or default_max_tokens
-        ctx = engine.max_context
-        if ctx:
-            if len(prompt_ids) + (asked or 1) > ctx:
-                raise too_long(ctx, len(prompt_ids), asked or 1)
-            max_tokens = min(max_tokens, ctx - len(prompt_ids))  # no max_tokens asked: what fits
-        forced = engine.forced_ids(prompt, prompt_ids, forced_names) if forced_names else None
-        stop = [s for s in ([req.stop] if isinstance(req.stop, str) else list(req.stop or [])) if s]
-        state.prompt_tokens, state.stream = len(prompt_ids), req.stream
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue[tuple[int, tuple]] = asyncio.Queue()
-        jobs: list[Job] = []
-        for i in range(req.n):
-
-            def emit(ev: tuple, i: int = i) -> None:
-                loop.call_soon_threadsafe(events.put_nowait, (i, ev))
-
-            jobs.append(
-                Job(
-                    prompt_ids,
-                    max_tokens,
-                    emit,
-                    req.temperature,
-                    req.top_p,
-                    stop,
-                    forced,
-                    messages,
-                    seed=None if req.seed is None else req.seed + i,
-                )
-            )
-        run = Run(engine, jobs, events, parse_tools, forced_names, stop)
-        watch = asyncio.create_task(watch_disconnect(request, jobs))
-        try:
-            for j in jobs:
-                engine.submit(j)
-            route = await run.started()  # a router's decision (x-trace-route) comes before any token
-            headers = {ROUTE_HEADER: json.dumps(route, sort_keys=True)} if route is not None else None
-            rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-            if req.stream:
-                watch.cancel()  # Starlette's StreamingResponse watches the client from here on
-                return StreamingResponse(
-                    run.sse(rid, created, engine.name, state, usage=req.include_usage()),
-                    media_type="text/event-stream",
-                    headers=headers,
-                )
-            choices = await run.finished()
-        except BaseException:
-            for j in jobs:
-                j.cancel()
-            raise
-        finally:
-            if not req.stream:
-                watch.cancel()
-        if choices is None:  # the client went away; nobody reads this
-            state.status = 499
-            state.completion_tokens = sum(len(j.ids) for j in jobs)
-            return JSONResponse(error_body("client closed the request", "invalid_request_error"), 499)
-        usage = {
-            "prompt_tokens": len(prompt_ids),
-            "completion_tokens": sum(c.completion_tokens for c in choices),
-        }
-        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
-        usage["prompt_tokens_details"] = {"cached_tokens": jobs[0].cached}  # served from the prefix cache
-        state.completion_tokens = usage["completion_tokens"]
-        body = {
-            "id": rid,
-            "object": "chat.completion",
-            "created": created,
-            "model": engine.name,
-            "choices": [
-                {
-                    "index": c.index,
-                    "message": {
-                        "role": "assistant",
-                        "content": c.content,
-                        **({"tool_calls": c.tool_calls} if c.tool_calls else {}),
-                    },
-                    "finish_reason": c.finish_reason,
-                    "logprobs": None,
-                }
-                for c in choices
-            ],
-            "usage": usage,
-        }
-        return JSONResponse(body, headers=headers)
+    async def chat_completions(req: ChatRequest, request: Request):
+        return await chat(served, req, request)
 
     return app

@@ -306,11 +306,13 @@ def _transcripts(prepared: Prepared, store: Store, names: list[str]):
     if "policy" not in prepared.extra:  # moe.data given: nothing is generated
         return out
     from trace_cli.compose.policy import load_policy
+    from trace_cli.config.sampling import SamplingSettings
     from trace_cli.envs.registry import make_env
     from trace_cli.envs.rollout import rollout
 
     m = prepared.config["moe"]
-    policy = load_policy(prepared.extra["policy"], seed=prepared.config["seed"])
+    sampling = SamplingSettings.of(m).policy_kwargs()
+    policy = load_policy(prepared.extra["policy"], **sampling, seed=prepared.config["seed"])
     jobs = [(s, 0) for s in prepared.extra["seeds"]]
     envs = [(slot[a["name"]], a["env"]) for a in prepared.extra["adapters"]]
     if "diagnosis" not in prepared.extra:  # else the diagnosed conversations are the target's transcripts

@@ -50,9 +50,13 @@ def test_group_stats_and_judge():
     )  # bimodal
 
 
+# calibrate takes these from the synthesize config (`max_turns`, `calibration`); what these tests ran with
+RUN = {"max_turns": 12, "batch_size": 64, "z": 2.0}
+
+
 def _run(p_by_level, start_level=2, attempts=5, look=0, **kw):
     cls = get_template("precondition_verification")
-    kw = {"hint_share": 0.0, "min_seeds": 16} | kw
+    kw = {"hint_share": 0.0, "min_seeds": 16} | RUN | kw
     return calibrate(
         **kw,
         factory_for=lambda params: lambda: cls(**params),
@@ -172,6 +176,9 @@ def test_hints_admit_a_level_the_policy_cannot_solve_alone():
         rollouts=8,
         hint_share=0.25,
         min_seeds=16,
+        max_attempts=5,
+        look=0,
+        **RUN,
         **kw,
     )
     assert [a.params for a in cal.attempts] == [{"level": 3}, {"level": 3, "hint_share": 0.25}]

@@ -22,6 +22,8 @@ GOOD = textwrap.dedent('''
 ''')
 
 FAST = Limits(cpu_s=1.0, timeout_s=20.0, memory_mb=512)
+# check_module takes its seed counts from the synthesize config's `checks`; these are what these tests ran with
+SEEDS = {"reference_seeds": 100, "determinism_seeds": 10, "do_nothing_seeds": 50, "leakage_seeds": 50}
 
 
 pytestmark = pytest.mark.needs_sandbox
@@ -95,7 +97,7 @@ def test_misbehaving_modules_are_stopped_and_rejected(store_root, case, body, re
     evil = store_root / "evil.txt"
     before = snapshot(store_root)
     src = _bad(body.format(evil=evil, manifest=manifest))
-    v = check_module(src, {}, FAST, reference_seeds=100)
+    v = check_module(src, {}, FAST, **SEEDS)
     assert not v.accepted
     assert reason in v.reason, v.reason
     assert snapshot(store_root) == before  # nothing written, removed or touched
@@ -104,17 +106,17 @@ def test_misbehaving_modules_are_stopped_and_rejected(store_root, case, body, re
 
 def test_wall_clock_timeout_and_crash_reasons():
     slow = _bad("import time\ntime.sleep(60)\n")
-    v = check_module(slow, {}, Limits(cpu_s=5, timeout_s=1.5))
+    v = check_module(slow, {}, Limits(cpu_s=5, timeout_s=1.5), **SEEDS)
     assert not v.accepted and v.reason.startswith("timed out") and "new()" in v.reason
-    v = check_module(_bad("os._exit(3)\n"), {}, FAST)
+    v = check_module(_bad("os._exit(3)\n"), {}, FAST, **SEEDS)
     assert not v.accepted and "exit code 3" in v.reason
-    v = check_module(_bad("raise ValueError('broken')\n"), {}, FAST)
+    v = check_module(_bad("raise ValueError('broken')\n"), {}, FAST, **SEEDS)
     assert not v.accepted and "ValueError" in v.reason and "broken" in v.reason
-    v = check_module("def make_env(:\n", {}, FAST)
+    v = check_module("def make_env(:\n", {}, FAST, **SEEDS)
     assert not v.accepted and "does not compile" in v.reason
-    v = check_module(_bad("import subprocess\n"), {}, FAST)
+    v = check_module(_bad("import subprocess\n"), {}, FAST, **SEEDS)
     assert not v.accepted and "not allowed" in v.reason
-    v = check_module(_bad("open('/etc/hostname').read()\n"), {}, FAST)
+    v = check_module(_bad("open('/etc/hostname').read()\n"), {}, FAST, **SEEDS)
     assert not v.accepted and "reading outside the sandbox" in v.reason
 
 
@@ -126,7 +128,7 @@ def test_a_module_that_fails_a_check_is_rejected_with_the_check():
             env.reference_actions = lambda: [{"content": "Goodbye."}]
             return env
     """)
-    v = check_module(lazy, {}, FAST, reference_seeds=100)
+    v = check_module(lazy, {}, FAST, **SEEDS)
     assert not v.accepted and v.reason.startswith("check reference failed")
 
 

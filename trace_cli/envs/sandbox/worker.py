@@ -404,13 +404,14 @@ def check_module(
     params: dict[str, Any] | None = None,
     limits: Limits | None = None,
     *,
-    reference_seeds: int = 100,
-    determinism_seeds: int = 10,
-    do_nothing_seeds: int = 50,
-    leakage_seeds: int = 50,
+    reference_seeds: int,
+    determinism_seeds: int,
+    do_nothing_seeds: int,
+    leakage_seeds: int,
     unsafe_local_exec: bool | None = None,
 ) -> ModuleVerdict:
-    """Load the module in a sandbox and run the template checks on it; never raises for a bad module."""
+    """Load the module in a sandbox and run the template checks on it; never raises for a bad module. The seed
+    counts are the synthesize config's `checks` (its schema states their defaults)."""
     from trace_cli.envs.synthetic.checks import run_checks
 
     try:

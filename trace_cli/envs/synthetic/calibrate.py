@@ -173,8 +173,8 @@ def measure(
     rollouts: int,
     *,
     hints: int = 0,
-    max_turns: int = 12,
-    batch_size: int = 64,
+    max_turns: int,
+    batch_size: int,
     on_done: Callable[[Any], None] | None = None,
 ) -> list[Any]:
     """K rollouts of every seed; trials below `hints` see the task's hint (`hints.HintedEnv`)."""
@@ -260,16 +260,16 @@ def calibrate(
     seeds: Sequence[int],
     rollouts: int,
     band: Band = Band(),
-    max_attempts: int = 5,
+    max_attempts: int,
     harder: Callable[[dict[str, Any]], dict[str, Any] | None] = lambda p: None,
     easier: Callable[[dict[str, Any]], dict[str, Any] | None] = lambda p: None,
     between: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any] | None] | None = None,
     hint_share: float,
-    max_turns: int = 12,
-    batch_size: int = 64,
+    max_turns: int,
+    batch_size: int,
     progress: Callable[[int, int], Any] | None = None,
-    look: int = 0,
-    z: float = 2.0,
+    look: int,
+    z: float,
     min_seeds: int,
 ) -> Calibration:
     """Measure, judge, adjust (module docstring); `progress(attempt, total_episodes)` may return a context
