@@ -103,7 +103,7 @@ def bench_model(store, base_ref: str, label: str, tokens: int, repeats: int) -> 
         if method == "moe":
             cfg["moe"] = {"target": "shop", "seeds": "0:4", "steps": 0}
         art = execute("compose", cfg, store).main
-        pol = load_composition_policy(art.path, base.path, max_new_tokens=tokens)
+        pol = load_composition_policy(art.path, base.path, temperature=0.0, max_new_tokens=tokens)
         if method == "moe":  # every token routed to expert 1: the worst case, a LoRA delta in every layer
             for layer in pol.routing["layers"].values():
                 layer.gate = _forced(layer.gate, 1)

@@ -192,7 +192,7 @@ def measure(name: str, preset: str | None, ref, args) -> list[dict[str, Any]]:
         return make_env(args.env)
 
     # warm-up (allocator, kernels, lazy imports): one short generation, not timed
-    warm = HFPolicy(model, tok, max_new_tokens=4)
+    warm = HFPolicy(model, tok, temperature=0.0, max_new_tokens=4)
     rollout(warm, env_factory, [(args.first_seed, 0)], max_turns=1, batch_size=1)
 
     seeds = list(range(args.first_seed, args.first_seed + args.episodes))
@@ -226,6 +226,7 @@ def measure(name: str, preset: str | None, ref, args) -> list[dict[str, Any]]:
         hf = HFPolicy(
             model,
             tok,
+            temperature=0.0,
             max_new_tokens=args.max_new_tokens,
             name=name,
             tool_format=meta.get("tool_format"),

@@ -259,7 +259,7 @@ def test_served_moe_rows_joining_a_running_batch_keep_their_context(loaded, moe_
     from trace_cli.compose.policy import load_composition_policy
     from trace_cli.serve.engine import Engine
 
-    policy = load_composition_policy(moe_art.path, tiny.hf, max_new_tokens=16)
+    policy = load_composition_policy(moe_art.path, tiny.hf, temperature=0.0, max_new_tokens=16)
     engine = Engine(policy, "moe")
     ep = _episode("cx-tcp", 5)
     a = engine.render(ep.messages[:3], ep.tools)

@@ -47,6 +47,13 @@ NOT_THE_KEY = {
     "compose/moe.py:attach:context": "gates read the running context: the layer's own switch",
     "envs/synthetic/base.py:SyntheticEnv.__init__:hint_share": "the admitted environment's hint share (0: none)",
     "envs/synthetic/calibrate.py:.get:hint_share": "an attempt's own hint share (none until the search adds it)",
+    "envs/synthetic/calibrate.py:Attempt:hint_share": "the share of an attempt's rollouts that saw the hint (a record)",
+    "compose/moe.py:RoutingTrace:context": "whether the gates read the running context: the layer's own switch",
+    # an `openai:` model reference's own URL parameters (parse_ref's syntax, like `shop?max_turns=16`); the
+    # analyst builds its Endpoint from its `llm` block, every field given
+    "llm/openai_client.py:Endpoint:api_key_env": "an openai: reference's own parameter, not the llm block's",
+    "llm/openai_client.py:Endpoint:max_retries": "an openai: reference's own parameter, not the llm block's",
+    "llm/openai_client.py:Endpoint:concurrency": "an openai: reference's own parameter, not the llm block's",
     # an environment's own cap on its steps is a parameter of the environment (its URI, `shop?max_turns=16`, or
     # environment.v1.json, which requires it): part of the task it poses, owned by the environment, not by a stage's
     # rollout cap (`max_turns` of eval/synthesize/train/compose, enforced by `envs.rollout`)
@@ -105,6 +112,15 @@ def stated_defaults(path: Path, keys: set[str]) -> Iterator[tuple[str, str, int,
             for arg, default in pairs:
                 if arg.arg in keys:
                     yield from _literal(qualified[node], arg.arg, default)
+        elif isinstance(node, ast.ClassDef) and any(_is_dataclass(d) for d in node.decorator_list):
+            for item in node.body:  # a dataclass field's default is its __init__ parameter's default
+                if (
+                    isinstance(item, ast.AnnAssign)
+                    and isinstance(item.target, ast.Name)
+                    and item.value is not None
+                ):
+                    if item.target.id in keys:
+                        yield from _literal(qualified[node], item.target.id, item.value)
         elif (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
@@ -114,6 +130,13 @@ def stated_defaults(path: Path, keys: set[str]) -> Iterator[tuple[str, str, int,
             and node.args[0].value in keys
         ):
             yield from _literal(".get", node.args[0].value, node.args[1])
+
+
+def _is_dataclass(decorator: ast.expr) -> bool:
+    target = decorator.func if isinstance(decorator, ast.Call) else decorator
+    return (isinstance(target, ast.Name) and target.id == "dataclass") or (
+        isinstance(target, ast.Attribute) and target.attr == "dataclass"
+    )
 
 
 def _literal(function: str, name: str, node: ast.expr) -> Iterator[tuple[str, str, int, object]]:
@@ -152,12 +175,21 @@ def test_the_scan_sees_parameters_keyword_only_parameters_and_get_fallbacks(tmp_
     f.write_text(
         "def f(a, max_turns=12, *, top_p=0.9, seed=None):\n"
         "    return cfg.get('temperature', 0.7), cfg.get('other', 1)\n"
+        "@dataclasses.dataclass(frozen=True)\n"
+        "class P:\n"
+        "    seed: int = 3\n"
+        "    top_p: float | None = None\n"
     )
     got = {
         (fn, name, value)
         for fn, name, _, value in stated_defaults(f, {"max_turns", "top_p", "seed", "temperature"})
     }
-    assert got == {("f", "max_turns", 12), ("f", "top_p", 0.9), (".get", "temperature", 0.7)}
+    assert got == {
+        ("f", "max_turns", 12),
+        ("f", "top_p", 0.9),
+        (".get", "temperature", 0.7),
+        ("P", "seed", 3),
+    }
 
 
 @pytest.mark.parametrize("stage", sorted(SCHEMA_BLOCKS))

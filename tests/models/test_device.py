@@ -94,7 +94,7 @@ def test_eval_policies_share_a_prefix_cache_sized_for_the_device(tiny_model, mon
     monkeypatch.setenv(device.ENV, "cpu")
     cache = device.prefix_cache()
     assert cache.max_bytes == device.PREFIX_CACHE_MIB["cpu"] << 20
-    policy = load_policy(resolve_model(str(tiny_model.hf), None), max_new_tokens=4)
+    policy = load_policy(resolve_model(str(tiny_model.hf), None), temperature=0.0, max_new_tokens=4)
     assert policy.prefix_cache is not None and policy.prefix_cache.hit_tokens == 0
     rollout(policy, lambda: make_env("shop"), [(0, 0), (1, 0)], max_turns=1, batch_size=1)
     assert policy.prefix_cache.hit_tokens > 0

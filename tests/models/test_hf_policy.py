@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from tinymodel import noisy_copy
 
 from trace_cli.compose.policy import load_policy
@@ -12,7 +13,7 @@ from trace_cli.models.refs import resolve_model
 
 
 def test_records_the_exact_prompt_and_completion_tokens(noisy_ref):
-    policy = load_policy(noisy_ref, max_new_tokens=12)
+    policy = load_policy(noisy_ref, temperature=0.0, max_new_tokens=12)
     policy.record_tokens = True
     eps = rollout(policy, lambda: make_env("shop"), [(s, 0) for s in range(4)], max_turns=3, batch_size=4)
     tok = policy.tok
@@ -39,7 +40,7 @@ def test_a_turn_without_eos_keeps_every_generated_token(tiny_model, tmp_path):
     ref = resolve_model(
         str(noisy_copy(tiny_model, tmp_path / "hf", tool_call_bias=50.0, bias_token="<|endoftext|>"))
     )
-    policy = load_policy(ref, max_new_tokens=5)
+    policy = load_policy(ref, temperature=0.0, max_new_tokens=5)
     policy.record_tokens = True
     states = [start(make_env("shop"), s) for s in range(2)]
     turns = policy.act(states)
@@ -48,3 +49,13 @@ def test_a_turn_without_eos_keeps_every_generated_token(tiny_model, tmp_path):
         assert s.gen_tokens == 5
         assert s.turns[-1]["completion_ids"] == [pad] * 5
         assert turn.raw == "<|endoftext|>" * 5
+
+
+def test_sampling_needs_top_p_and_a_seed(noisy_ref):
+    """`trace serve` loads its policy without top_p or seed (each request brings its own): such a policy
+    samples no turn with values no config gave, it says what is missing; given them, it samples."""
+    policy = load_policy(noisy_ref, temperature=0.7, max_new_tokens=4)
+    with pytest.raises(ValueError, match="top_p and a seed"):
+        policy.act([start(make_env("shop"), 0)])
+    policy = load_policy(noisy_ref, temperature=0.7, top_p=1.0, seed=0, max_new_tokens=4)
+    assert len(policy.act([start(make_env("shop"), 0)])) == 1

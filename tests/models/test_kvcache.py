@@ -13,6 +13,7 @@ from trace_cli.envs.rollout import rollout
 from trace_cli.models.refs import load_hf, resolve_model
 
 SEEDS = list(range(8))
+UNCUT = {"top_p": 1.0, "top_k": 0, "seed": 0}  # TokenPolicy sampling with no top-p/top-k cut
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +47,10 @@ def test_hf_policy_reuse_gives_the_same_episodes_and_feeds_less(noisy):
     model, tok = noisy
     widths, restore = _fed_widths(model)
     try:
-        reused = _episodes(HFPolicy(model, tok, max_new_tokens=12, reuse_cache=True))
+        reused = _episodes(HFPolicy(model, tok, temperature=0.0, max_new_tokens=12, reuse_cache=True))
         fed_reuse = sum(w for w in widths if w > 1)
         widths.clear()
-        full = _episodes(HFPolicy(model, tok, max_new_tokens=12, reuse_cache=False))
+        full = _episodes(HFPolicy(model, tok, temperature=0.0, max_new_tokens=12, reuse_cache=False))
         fed_full = sum(w for w in widths if w > 1)
     finally:
         restore()
@@ -65,7 +66,9 @@ def test_token_policy_reuse_gives_the_same_turns(noisy):
     model, tok = noisy
 
     def turns(reuse):
-        pol = TokenPolicy(model, tok, temperature=0.0, max_new_tokens=12, budget=400, reuse_cache=reuse)
+        pol = TokenPolicy(
+            model, tok, temperature=0.0, **UNCUT, max_new_tokens=12, budget=400, reuse_cache=reuse
+        )
         return [
             [(t["prompt_ids"], t["completion_ids"]) for t in e.turns] for e in _episodes(pol, batch_size=4)
         ]
@@ -79,7 +82,7 @@ def test_cache_is_dropped_with_the_episode(noisy):
     from trace_cli.agents.hf import HFPolicy
 
     model, tok = noisy
-    eps = _episodes(HFPolicy(model, tok, max_new_tokens=8))
+    eps = _episodes(HFPolicy(model, tok, temperature=0.0, max_new_tokens=8))
     assert all(not hasattr(e, "kv") for e in eps)
 
 
@@ -93,11 +96,11 @@ def test_a_prefix_cache_shared_by_episodes_gives_the_same_episodes_and_feeds_les
     model, tok = noisy
     widths, restore = _fed_widths(model)
     try:
-        plain = _episodes(HFPolicy(model, tok, max_new_tokens=12))
+        plain = _episodes(HFPolicy(model, tok, temperature=0.0, max_new_tokens=12))
         fed_plain = sum(w for w in widths if w > 1)
         widths.clear()
         pc = PrefixCache(64 << 20)
-        cached = _episodes(HFPolicy(model, tok, max_new_tokens=12, prefix_cache=pc))
+        cached = _episodes(HFPolicy(model, tok, temperature=0.0, max_new_tokens=12, prefix_cache=pc))
         fed_cached = sum(w for w in widths if w > 1)
     finally:
         restore()
@@ -110,7 +113,9 @@ def test_a_prefix_cache_shared_by_episodes_gives_the_same_episodes_and_feeds_les
     )
 
     def turns(prefix):
-        pol = TokenPolicy(model, tok, temperature=0.0, max_new_tokens=12, budget=400, prefix_cache=prefix)
+        pol = TokenPolicy(
+            model, tok, temperature=0.0, **UNCUT, max_new_tokens=12, budget=400, prefix_cache=prefix
+        )
         return [
             [(t["prompt_ids"], t["completion_ids"]) for t in e.turns] for e in _episodes(pol, batch_size=2)
         ]

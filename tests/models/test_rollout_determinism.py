@@ -21,7 +21,7 @@ MAX_NEW = 24
 
 
 def _run(ref, batch_size, *, temperature=0.0, seed=0, seeds=SEEDS, max_turns=MAX_TURNS):
-    policy = load_policy(ref, temperature=temperature, max_new_tokens=MAX_NEW, seed=seed)
+    policy = load_policy(ref, temperature=temperature, top_p=1.0, max_new_tokens=MAX_NEW, seed=seed)
     jobs = [(s, 0) for s in seeds]
     return rollout(policy, lambda: make_env("shop"), jobs, max_turns=max_turns, batch_size=batch_size)
 

@@ -52,7 +52,9 @@ def noisy_policy(tmp_path_factory):
 
     path = tinymodel.noisy_copy(tinymodel.tiny(tmp_path_factory), tmp_path_factory.mktemp("noisy") / "m")
     model = AutoModelForCausalLM.from_pretrained(path).eval()
-    return HFPolicy(model, AutoTokenizer.from_pretrained(path), max_context=4096)
+    return HFPolicy(
+        model, AutoTokenizer.from_pretrained(path), temperature=0.0, max_new_tokens=128, max_context=4096
+    )
 
 
 SYSTEM = {"role": "system", "content": "You are a shop agent. Policy: " + "verify the order id first. " * 30}

@@ -153,12 +153,12 @@ def test_composition_refs_load_the_composition_policy(served_router, tiny):
 
     _, st, _ = served_router
     ref = resolve_model(f"store://composition/{NAME}", st)
-    pol = load_policy(ref, max_new_tokens=4)
+    pol = load_policy(ref, temperature=0.0, max_new_tokens=4)
     assert isinstance(pol, RouterPolicy) and pol.name == ref.display
     assert [s.name for s in pol.skills] == ["base", "structured_data_reasoning", "tool_calling_precision"]
     merged = execute("compose", {"method": "merge", "adapters": ["structured", "tool"]}, st, name="m").main
-    pol = load_policy(resolve_model("store://composition/m", st), max_new_tokens=4)
-    base = load_policy(resolve_model(str(tiny.hf)), max_new_tokens=4)
+    pol = load_policy(resolve_model("store://composition/m", st), temperature=0.0, max_new_tokens=4)
+    base = load_policy(resolve_model(str(tiny.hf)), temperature=0.0, max_new_tokens=4)
     w = dict(pol.model.named_parameters())
     assert any(
         not w[n].equal(p) for n, p in base.model.named_parameters()

@@ -117,7 +117,7 @@ def test_router_policy_routes_per_conversation_or_user_turn(composed_store, tiny
     from trace_cli.envs.rollout import rollout
 
     art = execute("compose", {"method": "router", "adapters": ["structured", "tool"]}, composed_store).main
-    pol = load_composition_policy(art.path, tiny.hf, max_new_tokens=4)
+    pol = load_composition_policy(art.path, tiny.hf, temperature=0.0, max_new_tokens=4)
     rollout(pol, lambda: make_env("shop"), [(0, 0), (1, 0)], max_turns=3)
     assert len(pol.decisions) == 2  # once per conversation
     d = pol.decisions[0]
@@ -127,7 +127,7 @@ def test_router_policy_routes_per_conversation_or_user_turn(composed_store, tiny
         {"method": "router", "adapters": ["structured", "tool"], "router": {"reroute": "user_turn"}},
         composed_store,
     ).main
-    pol2 = load_composition_policy(art2.path, tiny.hf, max_new_tokens=4)
+    pol2 = load_composition_policy(art2.path, tiny.hf, temperature=0.0, max_new_tokens=4)
     from trace_cli.envs.rollout import start
 
     st = start(make_env("shop"), 0)

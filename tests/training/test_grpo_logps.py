@@ -10,6 +10,8 @@ from grpo_helpers import set_env, tiny_model
 from trace_cli.training.grpo_trainer import shuffle_groups
 from trace_cli.training.logps import shared_prompt_logps
 
+UNCUT = {"top_p": 1.0, "top_k": 0, "seed": 0}  # TokenPolicy sampling with no top-p/top-k cut
+
 
 @pytest.fixture(scope="module")
 def lora_model(tmp_path_factory):
@@ -161,7 +163,9 @@ def test_group_first_turn_prefill_runs_once(tmp_path_factory):
 
     def run(reuse: bool):
         calls.clear()
-        pol = TokenPolicy(model, tok, max_new_tokens=8, budget=200, temperature=0.0, reuse_cache=reuse)
+        pol = TokenPolicy(
+            model, tok, max_new_tokens=8, budget=200, temperature=0.0, **UNCUT, reuse_cache=reuse
+        )
         res = rollout(pol, lambda: make_env("shop"), jobs, max_turns=3, batch_size=6)
         return [r.turns for r in res], list(calls)
 

@@ -49,7 +49,8 @@ class ScriptedPolicy(TokenPolicy):
     renders it (what a well-trained agent produces)."""
 
     def __init__(self, tok, **kw):
-        super().__init__(None, tok, generate_fn=self._scripted, **kw)
+        sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": 0}  # unused: the script generates
+        super().__init__(None, tok, generate_fn=self._scripted, **sampling, **kw)
         self._states = []
 
     def begin(self, state):

@@ -24,11 +24,13 @@ class HFPolicy:
     model: Any
     tok: Any
     _: KW_ONLY
-    temperature: float = 0.0
-    top_p: float = 1.0
-    max_new_tokens: int = 128
+    # sampling: the stage's SamplingSettings.policy_kwargs() and seed; sampling (temperature > 0) needs top_p and
+    # seed, which `trace serve` leaves out (every request brings its own and the server samples it)
+    temperature: float
+    max_new_tokens: int
+    top_p: float | None = None
+    seed: int | None = None
     max_prompt_tokens: int | None = None
-    seed: int = 0
     name: str = "hf"
     record_tokens: bool = False
     tool_format: str | None = None  # the model family's tool-call parser; detected from the template if None
@@ -56,6 +58,8 @@ class HFPolicy:
         import torch
 
         do_sample = temperature > 0
+        if do_sample and (top_p is None or self.seed is None):
+            raise ValueError("sampling (temperature > 0) needs top_p and a seed: pass the stage's")
         kw: dict[str, Any] = {
             "max_new_tokens": max_new_tokens,
             "do_sample": do_sample,

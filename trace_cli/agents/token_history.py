@@ -61,11 +61,12 @@ class TokenPolicy:
     tok: Any
     max_new_tokens: int  # one turn (GRPO: the config's max_new_tokens)
     budget: int  # the episode's tokens after its first prompt (GRPO: max_completion_length)
-    temperature: float = 1.0
-    top_p: float = 1.0  # 1 = off
-    top_k: int = 0  # 0 = off
+    # sampling: the stage's config (SamplingSettings, GRPO's top_k, the stage's seed), no defaults of its own
+    temperature: float
+    top_p: float  # 1 = off
+    top_k: int  # 0 = off
+    seed: int
     max_context: int | None = None
-    seed: int = 0
     generate_fn: Callable[[list[list[int]], int], tuple[list[list[int]], list | None]] | None = None
     reuse_cache: bool = True
     # a models.prefix_cache.PrefixCache for the current weights (clear it after each optimizer step)
@@ -89,7 +90,8 @@ class TokenPolicy:
 
     @classmethod
     def sampling_as(cls, model: Any, tok: Any, sampling: SamplingSettings, **kw: Any) -> TokenPolicy:
-        """A policy that samples as `sampling` says, its episode budget being `max_completion_length`."""
+        """A policy that samples as `sampling` says, its episode budget being `max_completion_length`; `kw`:
+        the stage's `top_k` and `seed`, and any other field."""
         return cls(
             model,
             tok,

@@ -220,8 +220,8 @@ def load_composition_policy(
 
 def load_policy(ref: ModelRef, *, record_tokens: bool = False, **sampling: Any):
     """The policy that drives `ref`. `sampling`: temperature, top_p, max_new_tokens, seed, from the stage's config
-    (`SamplingSettings.policy_kwargs()` and its `seed`); an OpenAI endpoint and a built-in need them given, a
-    local model takes the ones given; the built-ins take only the seed."""
+    (`SamplingSettings.policy_kwargs()` and its `seed`); an OpenAI endpoint needs them all, a local model at
+    least temperature and max_new_tokens (top_p and seed too to sample); the built-ins take only the seed."""
     from trace_cli.agents import scripted
     from trace_cli.models.importer import context_of, read_meta
 

@@ -150,9 +150,9 @@ def load_calibration_policy(model, store: Store, cfg: dict[str, Any]):
         cache = (
             device.prefix_cache()
         )  # the calibration's weights never change: one cache for all its episodes
-        return TokenPolicy.sampling_as(
-            hf, tok, sampling, max_context=context_of(hf.config), seed=cfg["seed"], prefix_cache=cache
-        )
+        # synthesize.v1.json has no top_k: calibration samples without a top-k cut (0 = off)
+        kw = {"top_k": 0, "seed": cfg["seed"], "prefix_cache": cache}
+        return TokenPolicy.sampling_as(hf, tok, sampling, max_context=context_of(hf.config), **kw)
     return load_policy(model, **sampling.policy_kwargs(), seed=cfg["seed"])
 
 
@@ -218,10 +218,7 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
     from trace_cli.envs.sandbox import Limits
 
     cfg = prepared.config
-    sb = cfg["sandbox"]
-    limits = Limits(
-        cpu_s=float(sb["cpu_s"]), memory_mb=int(sb["memory_mb"]), timeout_s=float(sb["timeout_s"])
-    )
+    limits = Limits.of(cfg["sandbox"])
     cand = _candidate(cfg, store, prepared, limits)
     try:
         return _calibrate_and_write(

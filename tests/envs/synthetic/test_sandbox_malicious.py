@@ -196,7 +196,7 @@ def test_the_sandbox_dies_with_the_cli(tmp_path):
         import sys, time
         from trace_cli.envs.sandbox import Limits, SandboxWorker
         src = "import time\\ndef make_env(**p):\\n    time.sleep(600)\\n"
-        w = SandboxWorker(src, Limits(cpu_s=600, timeout_s=600))
+        w = SandboxWorker(src, Limits(cpu_s=600, timeout_s=600, memory_mb=1024))
         open({str(marker)!r}, 'w').write(str(w.workdir))
         w.call('new', params={{}})
     """)

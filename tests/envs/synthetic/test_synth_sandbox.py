@@ -36,6 +36,19 @@ def _bad(body: str) -> str:
     )
 
 
+def test_limits_come_from_the_sandbox_block_and_the_schema_fills_the_rest():
+    """A worker's limits are synthesize's `sandbox` block; keys it lacks, or all of them where no config gives
+    any (a stored environment's worker), are synthesize.v1.json's defaults."""
+    from trace_cli.config.schemas import load_schema
+
+    props = load_schema("config/synthesize.v1.json")["properties"]["sandbox"]["properties"]
+    timeout = float(props["timeout_s"]["default"])
+    assert Limits.of({"cpu_s": 3, "memory_mb": 512}) == Limits(cpu_s=3.0, memory_mb=512, timeout_s=timeout)
+    assert Limits.of() == Limits(cpu_s=10.0, memory_mb=1024, timeout_s=30.0)  # what Limits() was
+    with SandboxWorker(GOOD) as w:
+        assert w.limits == Limits.of()
+
+
 def test_good_module_passes_the_template_checks():
     v = check_module(
         GOOD,
@@ -106,7 +119,7 @@ def test_misbehaving_modules_are_stopped_and_rejected(store_root, case, body, re
 
 def test_wall_clock_timeout_and_crash_reasons():
     slow = _bad("import time\ntime.sleep(60)\n")
-    v = check_module(slow, {}, Limits(cpu_s=5, timeout_s=1.5), **SEEDS)
+    v = check_module(slow, {}, Limits(cpu_s=5, timeout_s=1.5, memory_mb=1024), **SEEDS)
     assert not v.accepted and v.reason.startswith("timed out") and "new()" in v.reason
     v = check_module(_bad("os._exit(3)\n"), {}, FAST, **SEEDS)
     assert not v.accepted and "exit code 3" in v.reason
@@ -133,7 +146,7 @@ def test_a_module_that_fails_a_check_is_rejected_with_the_check():
 
 
 def test_a_dead_worker_stays_dead():
-    with SandboxWorker(_bad("while True:\n    pass\n"), Limits(cpu_s=0.5, timeout_s=10)) as w:
+    with SandboxWorker(_bad("while True:\n    pass\n"), Limits(cpu_s=0.5, timeout_s=10, memory_mb=1024)) as w:
         with pytest.raises(SandboxViolation, match="CPU time limit"):
             SandboxedEnv(w)
         with pytest.raises(SandboxViolation, match="CPU time limit"):

@@ -35,6 +35,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from trace_cli.config.schemas import load_schema
 from trace_cli.envs.base import Observation, RewardBreakdown, StepResult
 from trace_cli.envs.sandbox import jail, leftovers, protocol
 from trace_cli.envs.sandbox.leftovers import SANDBOX_PREFIX, write_owner
@@ -62,12 +63,19 @@ class SandboxError(CheckFailed):
 
 @dataclass(frozen=True)
 class Limits:
-    cpu_s: float = 10.0  # CPU seconds per call
-    memory_mb: int = 1024  # address space
-    timeout_s: float = 30.0  # wall clock per call
+    cpu_s: float  # CPU seconds per call
+    memory_mb: int  # address space
+    timeout_s: float  # wall clock per call
     total_cpu_s: int = 3600  # CPU seconds over the worker's life
     file_mb: int = 16  # largest file the module may write (in its own dir)
     work_mb: int = 64  # all files in its own dir together (a tmpfs of this size inside the jail)
+
+    @classmethod
+    def of(cls, block: Any = None) -> Limits:
+        """The limits of a config's `sandbox` block, any key it lacks (none given: all) from synthesize.v1.json."""
+        props = load_schema("config/synthesize.v1.json")["properties"]["sandbox"]["properties"]
+        b = {k: p["default"] for k, p in props.items()} | dict(block or {})
+        return cls(cpu_s=float(b["cpu_s"]), memory_mb=int(b["memory_mb"]), timeout_s=float(b["timeout_s"]))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,7 +128,7 @@ class SandboxWorker:
     """One sandboxed process holding the module and any number of environment instances."""
 
     def __init__(self, source: str, limits: Limits | None = None, *, unsafe_local_exec: bool | None = None):
-        self.limits = limits or Limits()
+        self.limits = limits or Limits.of()
         if len(source.encode()) > MAX_SOURCE_BYTES:
             raise SandboxViolation(f"the module is larger than {MAX_SOURCE_BYTES // 1024} KB")
         try:

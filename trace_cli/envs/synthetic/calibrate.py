@@ -193,8 +193,8 @@ class Search:
 
     harder: Callable[[dict[str, Any]], dict[str, Any] | None]
     easier: Callable[[dict[str, Any]], dict[str, Any] | None]
+    hint_share: float  # the calibration's hint share, turned on once an attempt is too hard
     between: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any] | None] | None = None
-    hint_share: float = 0.0
     easy: dict[str, Any] | None = None
     hard: dict[str, Any] | None = None
 
@@ -278,7 +278,7 @@ def calibrate(
     results: list[Any] = []
     current, seeds = dict(params), list(seeds)
     step = look if 0 < look < len(seeds) else len(seeds)
-    search = Search(harder, easier, between, hint_share)
+    search = Search(harder, easier, hint_share, between)
     for i in range(1, max_attempts + 1):
         bar = progress(i, len(seeds) * rollouts) if progress else None
         att, direction, results = _attempt(
