@@ -5,13 +5,13 @@ the host so only the chosen experts' weights are applied."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-if TYPE_CHECKING:
-    from trace_cli.compose.moe import GatedLoraLinear, RoutingTrace
+# the gated layers and their RoutingTrace are compose.moe's (which imports this module): typed Any here
+GatedLoraLinear = RoutingTrace = Any
 
 
 def _one_token(x3: torch.Tensor) -> bool:
