@@ -282,3 +282,32 @@ def test_served_moe_rows_joining_a_running_batch_keep_their_context(loaded, moe_
     alone_a, alone_b, joined_a, joined_b = asyncio.run(run())
     assert engine.max_running == 2  # b joined while a was generating
     assert joined_a[1] == alone_a[1] and joined_b[1] == alone_b[1]
+
+
+def test_single_token_decode_path_equals_the_batched_path(loaded):
+    """A batch-1 decode step on CPU reads the gates' choices on the host and applies only the chosen experts'
+    A/B: the same routing, and logits within 1e-5 of the batched path (every expert applied, unchosen ones
+    zeroed), over decode steps whose tokens choose different experts."""
+    from trace_cli.compose import moe_infer
+
+    model, tok, _doc, extra = loaded
+    ep = _episode("cx-tcp", 5)
+    from trace_cli.models.chat import render
+
+    prompt = render(tok, ep.messages[:3], ep.tools, add_generation_prompt=True)
+    enc = tok([prompt], return_tensors="pt", add_special_tokens=False)
+    trace = extra["trace"]
+    with torch.no_grad():
+        fast_logits, fast_choices = _steps(model, enc, 12, trace)
+        moe_infer._FAST[0] = False
+        try:
+            slow_logits, slow_choices = _steps(model, enc, 12, trace)
+        finally:
+            moe_infer._FAST[0] = True
+    assert [n for n, _ in fast_choices] == [n for n, _ in slow_choices]
+    for (_, a), (_, b) in zip(fast_choices, slow_choices, strict=True):
+        assert torch.equal(a.reshape(-1), b.reshape(-1))
+    assert (fast_logits - slow_logits).abs().max() <= 1e-5
+    # decode steps (one token each) chose different slots, experts among them, within and across layers
+    decode = {int(idx.reshape(-1)[0]) for _, idx in fast_choices if idx.numel() == 1}
+    assert len(decode) >= 2 and max(decode) > 0, decode

@@ -33,6 +33,7 @@ from trace_cli.compose.gate_files import (
     read_gates,
     save_gates,
 )
+from trace_cli.compose.moe_infer import SIBLINGS, SiblingGates, _one_token, _top1
 
 
 @dataclass
@@ -225,13 +226,19 @@ class GatedLoraLinear(nn.Module):
         w = self.gate.weight
         x3 = x if x.dim() == 3 else x.reshape(1, -1, x.shape[-1])
         if self._group is not None:
-            h = self._group[0].rows(self, x3, trace)
-            if h is None:
-                return y
-            return y + F.linear(h, self.lora_B_all).view_as(y)
+            return self._group[0].add_delta(self, x3, trace, y)
         gx = x3 if x3.dtype == w.dtype else x3.to(w.dtype)
-        probs = self.gate(trace.gate_input(self.layer_name, gx)).softmax(-1)
-        p, idx = probs.max(-1)
+        logits = self.gate(trace.gate_input(self.layer_name, gx))
+        if _one_token(x3):
+            ((e, p1),) = _top1(logits, 1, self.n_slots)
+            if trace.record:
+                trace.choices.append((self.layer_name, torch.tensor([[e]], device=x.device)))
+            if not (e and self._has[e]):
+                return y
+            h = F.linear(x3.view(1, -1), getattr(self, f"lora_A_{e}"))
+            bt = getattr(self, f"lora_B_{e}").t()
+            return torch.addmm(y.view(1, -1), h, bt, alpha=p1).view_as(y)
+        p, idx = logits.softmax(-1).max(-1)
         if trace.record:
             trace.choices.append((self.layer_name, idx.reshape(x.shape[:-1]).detach()))
         if self.lora_A_all is None:
@@ -279,83 +286,6 @@ class GatedLoraLinear(nn.Module):
                 0, rows, self._delta(s, xf.index_select(0, rows)) * pf.index_select(0, rows)
             )
         return y + delta.view(*lead, self.out_features)
-
-
-# Layers one module feeds the same input tensor (attention q/k/v, the MLP's gate/up): at inference their gates
-# and expert A's run as one matmul each.
-SIBLINGS = ({"q_proj", "k_proj", "v_proj"}, {"gate_proj", "up_proj"}, {"w1", "w3"}, {"query", "key", "value"})
-
-
-class SiblingGates:
-    """Inference for gated layers fed the same tensor: the first of them to see a new input computes every
-    member's routing and A-projection (one gate matmul, one A matmul over all members' experts); each member
-    then adds its own B. A member fed another tensor recomputes for it, so sharing is never assumed."""
-
-    def __init__(self, members: list[GatedLoraLinear]):
-        self.members = members
-        self.name = members[0].layer_name  # the gate context is the first member's (same input, same values)
-        self.n_slots = members[0].n_slots
-        a_rows, member_of_row, slot_of_row = [], [], []
-        self.span: dict[int, tuple[int, int]] = {}
-        at = 0
-        for i, m in enumerate(members):
-            if m.lora_A_all is not None:
-                r = m.lora_A_all.shape[0]
-                a_rows.append(m.lora_A_all)
-                member_of_row += [i] * r
-                slot_of_row += m.rows_slot.tolist()
-                self.span[id(m)] = (at, at + r)
-                at += r
-        dev = members[0].gate.weight.device
-        self.a = torch.cat(a_rows) if a_rows else None
-        self.member_of_row = torch.tensor(member_of_row, dtype=torch.long, device=dev)
-        self.slot_of_row = torch.tensor(slot_of_row, dtype=torch.long, device=dev)
-        self._w: tuple | None = None  # (key, weight, bias) of the stacked gates
-        self._x: torch.Tensor | None = None
-        self._h: torch.Tensor | None = None
-
-    def _gates(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        gates = [m.gate for m in self.members]
-        key = tuple((id(g.weight), g.weight._version, id(getattr(g, "bias", None))) for g in gates)
-        if self._w is None or self._w[0] != key:
-            w = torch.cat([g.weight for g in gates])
-            biases = [getattr(g, "bias", None) for g in gates]
-            b = None
-            if any(x is not None for x in biases):
-                b = torch.cat([x if x is not None else w.new_zeros(self.n_slots) for x in biases])
-            self._w = (key, w, b)
-        return self._w[1], self._w[2]
-
-    def rows(self, layer: GatedLoraLinear, x3: torch.Tensor, trace: RoutingTrace) -> torch.Tensor | None:
-        """`layer`'s A-projection of x3 with every row scaled by its gate weight (0 unless chosen)."""
-        if self._x is not x3 or trace._shared is None or trace._shared[0] is not self._x:
-            self._compute(x3, trace)
-        if self._h is None or id(layer) not in self.span:
-            return None
-        lo, hi = self.span[id(layer)]
-        return self._h[..., lo:hi]
-
-    def _compute(self, x3: torch.Tensor, trace: RoutingTrace) -> None:
-        w, b = self._gates()
-        if self.a is not None and self.a.device != x3.device:  # the model moved after attach
-            self.a = self.a.to(x3.device)
-            self.member_of_row = self.member_of_row.to(x3.device)
-            self.slot_of_row = self.slot_of_row.to(x3.device)
-        gx = x3 if x3.dtype == w.dtype else x3.to(w.dtype)
-        logits = F.linear(trace.gate_input(self.name, gx), w, b)
-        probs = logits.view(*logits.shape[:-1], len(self.members), self.n_slots).softmax(-1)
-        p, idx = probs.max(-1)  # (B, T, members)
-        if trace.record:
-            lead = x3.shape[:-1]
-            for i, m in enumerate(self.members):
-                trace.choices.append((m.layer_name, idx[..., i].reshape(lead)))
-        self._x = x3
-        if self.a is None:
-            self._h = None
-            return
-        sel = idx.index_select(-1, self.member_of_row) == self.slot_of_row
-        coef = sel * p.index_select(-1, self.member_of_row).to(x3.dtype)
-        self._h = F.linear(x3, self.a) * coef
 
 
 def attach(
