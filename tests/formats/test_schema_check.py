@@ -158,7 +158,9 @@ def _paths(v, path=()):
 def _mutated(draw):
     """A valid record with one or two changes where the schema has something to say: a value replaced (by a
     near miss of another type, or any JSON), a key deleted, or a key added."""
-    rec = draw(_record)
+    rec = copy.deepcopy(
+        draw(_record)
+    )  # mutated below: never the strategy's own objects (shared between draws)
     for _ in range(draw(st.sampled_from([1, 1, 1, 2]))):
         paths = list(_paths(rec))
         path = draw(st.sampled_from([p for p in paths if len(p) <= 1]) | st.sampled_from(paths))
@@ -172,13 +174,13 @@ def _mutated(draw):
                     st.sampled_from(["kind", "role", "function", "name", "arguments", "zz"])
                     | st.text(max_size=4)
                 )
-                target[name] = draw(_TRICKY | _json)
+                target[name] = copy.deepcopy(draw(_TRICKY | _json))
             continue
         parent = rec
         for p in path[:-1]:
             parent = parent[p]
         if how == "replace":
-            parent[path[-1]] = draw(_TRICKY | _json)
+            parent[path[-1]] = copy.deepcopy(draw(_TRICKY | _json))
         else:
             del parent[path[-1]]
     return rec
