@@ -53,13 +53,20 @@ def test_grpo_on_the_base_agents_own_precondition_environment_learns(tmp_path):
             "target": "shop",
             "tools": "needed",
             "model": base.uri,
-            "calibration": {"seeds": 32, "rollouts": 4},
+            "calibration": {
+                "seeds": 32,
+                "rollouts": 4,
+                "hint_share": 0,
+            },  # as the demo: this agent ignores hints
         },
         st,
         name="pre",
     ).main
     cal = pq.read_table(env.path / "calibration.parquet").to_pylist()
-    assert cal[-1]["in_band"] and 0.2 <= cal[-1]["mean_success"] <= 0.6 and cal[-1]["frac_all0"] <= 0.2
+    assert cal[-1]["in_band"] and 0.2 <= cal[-1]["mean_success"] <= 0.6
+    assert (
+        env.summary["frac_constant_low"] <= 0.2 and env.summary["hint_share"] == 0
+    )  # the band's constant groups
 
     adapter = execute(
         "train",
