@@ -387,6 +387,13 @@ def test_llm_authored_module_rejections_kept_then_accepted(st, in_band):
     assert doc["source"] == "module" and doc["module"] == "module.py"
     mods = doc["authoring"]["modules"]
     assert [m["accepted"] for m in mods] == [False, False, True]
+    # the pre-screen's capped counts are on record; the admitted module then passed the full checks
+    assert doc["authoring"]["prescreen"] == {
+        "reference_seeds": 100,
+        "determinism_seeds": 10,
+        "do_nothing_seeds": 50,
+        "leakage_seeds": 50,
+    }
     assert "ValueError" in mods[0]["reason"] and "broken on purpose" in mods[0]["reason"]
     assert mods[1]["reason"].startswith("check reference failed")
     assert (art.path / "modules" / "attempt-1.py").read_text() == BROKEN_MODULE  # rejected modules are kept

@@ -169,6 +169,17 @@ def examples(
     return out
 
 
+# While the LLM writes modules, each one is pre-screened in the sandbox with these checks capped (every call crosses
+# the sandbox's pipe); the module that passes is then admitted by the full checks with the config's own counts
+# (`envs.synthetic.checks.admit`). The environment artifact records the pre-screen's counts (`authoring.prescreen`).
+PRESCREEN_CAPS = {"determinism_seeds": 10, "do_nothing_seeds": 50, "leakage_seeds": 50}
+
+
+def prescreen_seeds(checks: dict[str, Any]) -> dict[str, int]:
+    """The seed counts of the sandboxed pre-screen: the config's `checks`, capped by PRESCREEN_CAPS."""
+    return {k: min(v, PRESCREEN_CAPS[k]) if k in PRESCREEN_CAPS else v for k, v in checks.items()}
+
+
 def author_module(
     cfg: dict[str, Any],
     store: Any,
@@ -211,10 +222,7 @@ def author_module(
             src,
             cfg["params"],
             limits,
-            reference_seeds=chk["reference_seeds"],
-            determinism_seeds=min(chk["determinism_seeds"], 10),
-            do_nothing_seeds=min(chk["do_nothing_seeds"], 50),
-            leakage_seeds=min(chk["leakage_seeds"], 50),
+            **prescreen_seeds(chk),
             unsafe_local_exec=cfg["unsafe_local_exec"],
         )
         entry = {

@@ -406,9 +406,12 @@ def _document(prepared, cand: Candidate, env, obs, params, checks, attempts, lim
     else:
         doc["module"] = MODULE_FILE
     if cfg["author"] != "template":
+        from trace_cli.envs.authoring import prescreen_seeds
+
         doc["authoring"].update(
             model=str(cfg["llm"].get("model")),
             sandbox=limits.to_dict(),
+            prescreen=prescreen_seeds(cfg["checks"]),
             modules=[{k: m[k] for k in ("file", "accepted", "reason")} for m in cand.modules],
         )
         if cand.fallback:
