@@ -92,9 +92,19 @@ def test_eval_policies_share_a_prefix_cache_sized_for_the_device(tiny_model, mon
     from trace_cli.models.refs import resolve_model
 
     monkeypatch.setenv(device.ENV, "cpu")
-    cache = device.prefix_cache()
-    assert cache.max_bytes == device.PREFIX_CACHE_MIB["cpu"] << 20
     policy = load_policy(resolve_model(str(tiny_model.hf), None), temperature=0.0, max_new_tokens=4)
     assert policy.prefix_cache is not None and policy.prefix_cache.hit_tokens == 0
+    assert policy.prefix_cache.max_bytes == device.PREFIX_CACHE_MIB["cpu"] << 20
     rollout(policy, lambda: make_env("shop"), [(0, 0), (1, 0)], max_turns=1, batch_size=1)
     assert policy.prefix_cache.hit_tokens > 0
+
+
+def test_no_prefix_cache_for_a_model_with_sliding_window_layers():
+    """A sliding-window layer keeps only its window: its keys/values cannot be reused by prefix (eval,
+    calibration and GRPO decide as serve does)."""
+    from types import SimpleNamespace
+
+    sliding = SimpleNamespace(config=SimpleNamespace(layer_types=["sliding_attention", "full_attention"]))
+    full = SimpleNamespace(config=SimpleNamespace(layer_types=["full_attention"]))
+    assert device.prefix_cache(sliding, torch.device("cpu")) is None
+    assert device.prefix_cache(full, torch.device("cpu")) is not None

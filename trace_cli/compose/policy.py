@@ -265,7 +265,7 @@ def load_policy(ref: ModelRef, *, record_tokens: bool = False, **sampling: Any):
         max_context=context_of(model.config),
         name=ref.display,
         record_tokens=record_tokens,
-        prefix_cache=device.prefix_cache(),
+        prefix_cache=device.prefix_cache(model),
         **sampling,
     )
 

@@ -75,10 +75,13 @@ def place(model: Any, device: Any = None) -> Any:
 PREFIX_CACHE_MIB = {"cpu": 512, "cuda": 4096}  # keys/values kept for prompts that episodes share
 
 
-def prefix_cache(dev: Any = None) -> Any:
-    """A `models.prefix_cache.PrefixCache` for one set of weights, sized for the run's device: eval,
-    calibration and GRPO rollouts prefill the system prompt and tool schemas their episodes share once."""
-    from trace_cli.models.prefix_cache import PrefixCache
+def prefix_cache(model: Any, dev: Any = None) -> Any:
+    """A `models.prefix_cache.PrefixCache` for `model`'s current weights, sized for the run's device: eval,
+    calibration and GRPO rollouts prefill the system prompt and tool schemas their episodes share once. None
+    for a model with sliding-window layers, whose keys/values cannot be reused by prefix (as serve does)."""
+    from trace_cli.models.prefix_cache import PrefixCache, has_sliding_layers
 
+    if has_sliding_layers(model.config):
+        return None
     kind = (resolve() if dev is None else dev).type
     return PrefixCache(PREFIX_CACHE_MIB.get(kind, 512) << 20)

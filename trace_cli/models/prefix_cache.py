@@ -22,6 +22,14 @@ from typing import Any
 BLOCK = 32  # tokens per block
 
 
+def has_sliding_layers(config) -> bool:
+    """Whether a model has sliding-window attention layers: their cache keeps only the window, so a prefix's
+    keys/values cannot be cut into blocks and reused (nor joined into a left-padded batch)."""
+    get = getattr(config, "get_text_config", None)
+    c = get() if callable(get) else config
+    return any("sliding" in str(t) for t in getattr(c, "layer_types", None) or [])
+
+
 @dataclass
 class _Block:
     parent: int

@@ -28,7 +28,7 @@ from collections import deque
 from typing import Any
 
 from trace_cli.models.chat import render
-from trace_cli.models.prefix_cache import PrefixCache
+from trace_cli.models.prefix_cache import PrefixCache, has_sliding_layers
 from trace_cli.serve.batch import Prefill, join, prefill_inputs, row_kv, select_rows
 from trace_cli.serve.completion import call_prefix, json_closed
 from trace_cli.serve.job import Job
@@ -48,7 +48,7 @@ class Engine:
         self.window_s = window_s  # kept for the CLI option: admission happens between tokens anyway
         # a sliding-window layer's cache keeps only its window, which the batch's left-padded join and trim do
         # not follow: such a model decodes one request at a time (still streamed, stopped, cancellable)
-        self.sliding = _has_sliding_layers(self.model.config)
+        self.sliding = has_sliding_layers(self.model.config)
         self.max_batch = 1 if self.sliding else max_batch
         self.eos_id = list(policy.eos)  # every stop token of the model (tokenizer + generation config)
         self.parse = getattr(policy, "parse", None)
@@ -426,9 +426,3 @@ class Engine:
         self._mask, idx = select_rows(self._cache, self._mask, keep)
         if self._trace is not None:
             self._trace.select_rows(idx)
-
-
-def _has_sliding_layers(config) -> bool:
-    get = getattr(config, "get_text_config", None)
-    c = get() if callable(get) else config
-    return any("sliding" in str(t) for t in getattr(c, "layer_types", None) or [])

@@ -147,8 +147,8 @@ def load_calibration_policy(model, store: Store, cfg: dict[str, Any]):
         from trace_cli.models.refs import load_hf
 
         hf, tok = load_hf(model)
-        cache = (
-            device.prefix_cache()
+        cache = device.prefix_cache(
+            hf
         )  # the calibration's weights never change: one cache for all its episodes
         # synthesize.v1.json has no top_k: calibration samples without a top-k cut (0 = off)
         kw = {"top_k": 0, "seed": cfg["seed"], "prefix_cache": cache}

@@ -95,7 +95,9 @@ def make_rollout_func(spec: GRPOSpec, tokenizer, max_context: int, state: dict[s
                 max_context=max_context,
                 seed=run_seed,
                 generate_fn=_vllm_generate(trainer) if spec.use_vllm else None,
-                prefix_cache=None if spec.use_vllm else device.prefix_cache(),  # fresh: these weights only
+                prefix_cache=None
+                if spec.use_vllm
+                else device.prefix_cache(model),  # fresh: these weights only
             )
             hints = hinted(hint_share, spec.num_generations)
             kw = {"max_turns": sampling.max_turns, "batch_size": spec.rollout_batch_size}
