@@ -21,8 +21,7 @@ import time
 from pathlib import Path
 
 import yaml
-
-REPO = Path(__file__).resolve().parents[1]
+from common import REPO, write_result
 
 
 def write_diagnosis(store, capability: str) -> str:
@@ -116,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         out["held_out"] = train_and_eval(st, base.uri, env.uri, a)
     print(json.dumps({k: v for k, v in out.items() if k not in ("attempts", "config")}))
     if a.out:
-        Path(a.out).write_text(json.dumps(out, indent=2) + "\n")
+        write_result(a.out, out)
     return 0 if out["passed"] else 1
 
 

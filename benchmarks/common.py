@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -62,8 +63,29 @@ def machine(*packages: str, **extra: Any) -> dict[str, Any]:
     return {**info, **extra}
 
 
+def _git(*args: str) -> str | None:
+    """git's output in the checkout (stripped), None where git or the repository is missing."""
+    try:
+        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return done.stdout.strip()
+
+
+def git_commit() -> str | None:
+    return _git("rev-parse", "HEAD")
+
+
+def git_dirty() -> bool | None:
+    """Whether tracked files had uncommitted changes (None without git)."""
+    out = _git("status", "--porcelain", "--untracked-files=no")
+    return None if out is None else bool(out)
+
+
 def write_result(path: str | Path, doc: dict[str, Any]) -> Path:
-    """The result as indented JSON (values JSON cannot hold as their str), its directory made if need be."""
+    """The result as indented JSON (values JSON cannot hold as their str), its directory made if need be; every
+    result names the commit it was measured at and whether the tree was dirty (kept where the doc has them)."""
+    doc = {"commit": git_commit(), "dirty": git_dirty(), **doc}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2, default=str) + "\n")

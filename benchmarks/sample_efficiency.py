@@ -51,11 +51,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import command
+from common import command, git_commit, git_dirty
 from se import output
 from se.measure import Bench
 from se.methods import run_grpo_target, run_trace
-from se.results import Progress, Refused, combine, git_commit, git_dirty, write
+from se.results import Progress, Refused, combine, write
 from se.settings import MAX_TURNS, Settings, parse_settings
 from se.stats import summarize
 

@@ -5,7 +5,6 @@ is written and when it is read; `--combine` of several result files; the commit 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from functools import cache
 from pathlib import Path
@@ -57,24 +56,6 @@ def read(path: Path, name: str = RESULT) -> dict[str, Any]:
     if bad:
         raise Refused(f"{path}: not a {name} file ({SCHEMAS.name}/{name}.schema.json: {bad})")
     return doc
-
-
-def _git(*args: str) -> str | None:
-    """git's output in the checkout (stripped), None where git or the repository is missing."""
-    try:
-        done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return done.stdout.strip()
-
-
-def git_commit() -> str | None:
-    return _git("rev-parse", "HEAD")
-
-
-def git_dirty() -> bool | None:
-    out = _git("status", "--porcelain", "--untracked-files=no")
-    return None if out is None else bool(out)
 
 
 def combine(paths: list[Path]) -> dict[str, Any]:
