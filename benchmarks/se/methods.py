@@ -11,6 +11,7 @@ from se.measure import Bench
 from se.plan import plan_steps, spent
 from se.settings import MAX_TURNS, TARGET_TRAIN, Settings
 from se.stats import one_expert_ablation
+from trace_cli.config.seeds import parse_seeds
 
 ACCOUNTINGS = {"all": "", "training": "_train"}  # accounting -> column suffix
 
@@ -172,11 +173,17 @@ class Trace:
             c: ((envs[c].summary.get("calibration_rollouts") or {}).get("episodes", 0) // per_step)
             for c in order
         }
-        plan = plan_steps(list(s.budgets), sum(fixed.values()), reuse, per_step)
+        val = s.adapter_validation_block()
+        val_plan = (val["every"], len(parse_seeds(val["seeds"]))) if val else (1, 0)
+        plan = plan_steps(list(s.budgets), sum(fixed.values()), reuse, per_step, val_plan)
         curves: dict[str, dict[int, Any]] = {}
         for cap in order:
             wanted = sorted({plan[acc][B][cap] for acc in plan for B in s.budgets})
-            cfg = {**grpo_cfg(s, envs[cap].uri, self.base, 1, self.seed, 12), "reuse_calibration": reuse[cap]}
+            cfg = {
+                **grpo_cfg(s, envs[cap].uri, self.base, 1, self.seed, 12),
+                "reuse_calibration": reuse[cap],
+                "validation": val,
+            }
             curves[cap] = train_curve(self.b, f"{self.target}/trace/train/{cap}/{self.seed}", cfg, wanted)
         results: dict[int, dict[str, Any]] = {}
         for B in s.budgets:
@@ -184,7 +191,16 @@ class Trace:
             for acc, sfx in ACCOUNTINGS.items():
                 steps = plan[acc][B]
                 adapters = {c: curves[c][steps[c]] for c in order}
-                sp = spent(fixed, steps, reuse, per_step)
+                trained = {c: int(adapters[c].summary.get("steps") or steps[c]) for c in order}
+                chosen = {c: (adapters[c].summary.get("validation") or {}).get("episodes", 0) for c in order}
+                sp = spent(fixed, trained, reuse, per_step, chosen if acc == "all" else None)
+                r[f"validation{sfx}"] = {
+                    c: {
+                        k: (adapters[c].summary.get("validation") or {}).get(k)
+                        for k in ("best_step", "stopped_at", "episodes")
+                    }
+                    for c in order
+                }
                 r[f"spent{sfx}"] = sp
                 r[f"adapter_steps{sfx}"] = steps
                 r[f"constant_groups{sfx}"] = {

@@ -25,7 +25,7 @@ DEFAULTS = {
 RECORDED = (
     "budgets", "episodes_per_step", "num_generations", "learning_rate", "diagnosis_rollouts", "calibration",
     "calibration_look", "calibration_attempts", "calibration_start", "moe_seeds", "moe_steps",
-    "max_new_tokens", "validation", "base",
+    "max_new_tokens", "validation", "base", "adapter_validation", "validation_every", "validation_patience",
 )  # fmt: skip
 
 
@@ -53,11 +53,25 @@ class Settings:
     num_generations: int = 8
     learning_rate: float = 2e-3
     max_new_tokens: int = 120
+    # early stopping of each TRACE adapter on its own environment's seeds (charged as `validation`)
+    adapter_validation: str = "200000:200016"
+    validation_every: int = 4
+    validation_patience: int = 2
     combine: tuple[Path, ...] = ()
 
     @property
     def cal_seeds(self) -> int:
         return int(self.calibration.split("x")[0])
+
+    def adapter_validation_block(self) -> dict[str, Any] | None:
+        """The `validation` block of TRACE's GRPO configs (None: off)."""
+        if self.adapter_validation == "off":
+            return None
+        return {
+            "seeds": self.adapter_validation,
+            "every": self.validation_every,
+            "patience": self.validation_patience,
+        }
 
     @property
     def cal_rollouts(self) -> int:
@@ -109,6 +123,15 @@ def parser(doc: str) -> argparse.ArgumentParser:
     add("--num-generations", type=int, default=8, help="GRPO group size")
     add("--learning-rate", type=float, default=2e-3, help="GRPO learning rate (LoRA)")
     add("--max-new-tokens", type=int, default=120)
+    add(
+        "--adapter-validation",
+        default=Settings.adapter_validation,
+        help="seeds A:B of each TRACE environment on which its adapter is evaluated every --validation-every "
+        "steps and stopped after --validation-patience evaluations without a new best (the best is kept; the "
+        "episodes are charged); 'off' = no early stopping",
+    )
+    add("--validation-every", type=int, default=Settings.validation_every)
+    add("--validation-patience", type=int, default=Settings.validation_patience)
     add(
         "--out",
         type=Path,
@@ -174,5 +197,8 @@ def parse_settings(argv: list[str] | None, doc: str) -> Settings:
         num_generations=a.num_generations,
         learning_rate=a.learning_rate,
         max_new_tokens=a.max_new_tokens,
+        adapter_validation=a.adapter_validation,
+        validation_every=a.validation_every,
+        validation_patience=a.validation_patience,
         combine=tuple(a.combine or ()),
     )

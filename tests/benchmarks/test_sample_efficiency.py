@@ -95,6 +95,30 @@ def test_planned_steps_stay_within_budget_or_are_marked(fixed):
         assert steps["all"][1280]["a"] - steps["all"][1280]["b"] == 4
 
 
+@pytest.mark.parametrize("fixed", [0, 300, 700])
+def test_validation_episodes_are_planned_and_charged(fixed):
+    """Early stopping's validation episodes (16 seeds before step 1 and every 4 steps) come out of the budget
+    under `all`: planned so that GRPO + validation fit, and charged in `spent` (not under `training`)."""
+    per_step, budgets, val = 32, [640, 1280, 2560], (4, 16)
+    reuse = {"a": 4, "b": 0}
+    fixed_parts = {"diagnosis": 100, "calibration": fixed, "moe": 32}
+    total_fixed = sum(fixed_parts.values())
+    plain = plan.plan_steps(budgets, total_fixed, reuse, per_step)
+    steps = plan.plan_steps(budgets, total_fixed, reuse, per_step, val)
+    for B in budgets:
+        charged = {c: plan.validation_episodes(k, *val) for c, k in steps["all"][B].items()}
+        sp = plan.spent(fixed_parts, steps["all"][B], reuse, per_step, charged)
+        assert sp["validation"] == sum(charged.values()) > 0
+        if total_fixed <= B:
+            assert sp["total"] <= B, (B, sp)
+            assert B - sp["total"] < 2 * (per_step + 16) + 2
+            assert all(
+                steps["all"][B][c] < plain["all"][B][c] for c in reuse if plain["all"][B][c] > reuse[c] + 1
+            )
+        assert steps["training"][B] == plain["training"][B]
+    assert plan.validation_episodes(9, 4, 16) == 48 and plan.validation_episodes(9, 4, 0) == 0
+
+
 def test_one_expert_ablation():
     base = {"t1": False, "t2": False, "t3": True, "t4": False}
     experts = {

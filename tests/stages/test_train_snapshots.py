@@ -88,7 +88,7 @@ def test_a_snapshot_step_trained_again_replaces_its_snapshot(tmp_path):
             Path(path).mkdir(parents=True, exist_ok=True)
             (Path(path) / "adapter_config.json").write_text(self.tag)
 
-    cb = _snapshot_callback([2], tmp_path)
+    cb = _snapshot_callback([2], tmp_path, best=False)
     state = SimpleNamespace(global_step=2, is_world_process_zero=True)
     cb.on_step_end(None, state, None, model=Model("first"))
     cb.on_step_end(None, state, None, model=Model("again"))

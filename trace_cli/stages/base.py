@@ -33,7 +33,8 @@ def apply_defaults(config: Mapping[str, Any], schema: dict[str, Any]) -> dict[st
     for key, sub in props.items():
         if key not in out and "default" in sub:
             out[key] = copy.deepcopy(sub["default"])
-        if isinstance(out.get(key), dict) and sub.get("type") == "object":
+        kinds = sub.get("type")
+        if isinstance(out.get(key), dict) and "object" in (kinds if isinstance(kinds, list) else [kinds]):
             out[key] = apply_defaults(out[key], sub)
     return out
 

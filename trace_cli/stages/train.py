@@ -329,7 +329,11 @@ def _run_grpo(
     result = train_grpo(spec)
     rows = metrics_rows(result.log_history, lambda s: rollouts_after(spec, world, s))
     if main:
-        failed = checks.nothing_learned(rows, result.adapter_dir) if cfg["require_learning"] else None
+        failed = (
+            checks.nothing_learned(rows, result.last_dir or result.adapter_dir)
+            if cfg["require_learning"]
+            else None
+        )
         if failed:
             work.remove()
             raise CheckFailed(f"grpo: {failed}; no adapter stored")
@@ -384,6 +388,7 @@ def _publish_snapshots(prepared: Prepared, store: Store, spec, rows, result, wor
     import dataclasses
 
     from trace_cli.training.grpo import snapshot_dir
+    from trace_cli.training.validation import validation_until
 
     out: dict[str, str] = {}
     for n in sorted(prepared.config.get("snapshot_steps") or []):
@@ -398,7 +403,8 @@ def _publish_snapshots(prepared: Prepared, store: Store, spec, rows, result, wor
             per_replayed = result.replayed_episodes // max(1, result.replayed_steps)
             res = dataclasses.replace(
                 result,
-                global_step=n,
+                global_step=min(n, result.global_step),
+                validation=validation_until(result.validation, n),
                 train_runtime_s=result.train_runtime_s * frac,
                 train_cpu_s=result.train_cpu_s * frac,
                 replayed_steps=min(result.replayed_steps, n),
@@ -438,4 +444,6 @@ def _grpo_summary(prepared: Prepared, ref, rows: list[dict[str, Any]], result, w
         # rollouts this run did not generate: its first steps took the environment's calibration episodes
         "reused_calibration_steps": result.replayed_steps,
         "reused_calibration_episodes": result.replayed_episodes,
+        # early stopping: evaluations, the best step (the adapter stored) and the validation episodes to charge
+        "validation": result.validation,
     }

@@ -90,6 +90,7 @@ def grpo_preflight(cfg: dict[str, Any], seeds: list[int], env, model, store) -> 
     (of a few seeds) with the episode budget within the model's context. Returns the prompt length and context
     for the summary."""
     from trace_cli.training.dist import world_size
+    from trace_cli.training.validation import check_validation
 
     world = world_size()
     g = cfg["num_generations"]
@@ -108,6 +109,7 @@ def grpo_preflight(cfg: dict[str, Any], seeds: list[int], env, model, store) -> 
             f"({per_step} episodes / num_generations {g}); widen --seeds"
         )
     _check_snapshots(cfg)
+    check_validation(cfg.get("validation"), seeds)
     SamplingSettings.of(cfg)  # its cross-field checks (max_new_tokens within max_completion_length)
     _check_devices(cfg)
     from transformers import AutoConfig

@@ -59,18 +59,21 @@ def _tensorboard_dir(path: str | None):
 
 
 SNAPSHOTS_DIR = "snapshots"
+KEPT_DIR = "kept"  # with early stopping: the best adapter, the run's result
 
 
 def snapshot_dir(output_dir: str | Path, step: int) -> Path:
     return Path(output_dir) / SNAPSHOTS_DIR / f"step-{step}"
 
 
-def _snapshot_callback(steps: Sequence[int], output_dir: str | Path):
+def _snapshot_callback(steps: Sequence[int], output_dir: str | Path, *, best: bool):
     """Save the LoRA adapter (PEFT files only) to snapshot_dir(output_dir, step) when the optimizer step is one of
-    `steps` (main process). A run resumed from an earlier checkpoint trains that step again and replaces it."""
-    import shutil
-
+    `steps` (main process). A run resumed from an earlier checkpoint trains that step again and replaces it.
+    With early stopping (`best`), a snapshot is the best adapter so far, what a run of that many steps keeps."""
     from transformers import TrainerCallback
+
+    from trace_cli.training.checkpoints import copy_adapter
+    from trace_cli.training.validation import best_dir, save_adapter
 
     wanted = set(steps)
 
@@ -78,13 +81,30 @@ def _snapshot_callback(steps: Sequence[int], output_dir: str | Path):
         def on_step_end(self, args, state, control, model=None, **kw):
             if state.global_step in wanted and state.is_world_process_zero and model is not None:
                 target = snapshot_dir(output_dir, state.global_step)
-                tmp = target.with_name(target.name + ".tmp")
-                model.save_pretrained(str(tmp))
-                if target.exists():
-                    shutil.rmtree(target)
-                tmp.replace(target)
+                if best:
+                    tmp = target.with_name(target.name + ".tmp")
+                    copy_adapter(best_dir(output_dir), tmp)
+                    save_adapter(None, target, staged=tmp)
+                else:
+                    save_adapter(model, target)
 
     return _Snapshot()
+
+
+def _keep_best(spec: GRPOSpec, final: Path) -> dict[str, Any]:
+    """After an early-stopping run: the best adapter is the one kept (`final`: output_dir/kept; the last one
+    trained stays in output_dir/final), and the snapshots after the step training stopped at are the best one too
+    (a run of that many steps would have stopped there). Returns the validation summary."""
+    from trace_cli.training.checkpoints import copy_adapter
+    from trace_cli.training.validation import best_dir, load_state, save_adapter
+
+    best = best_dir(spec.output_dir)
+    for target in [final, *(snapshot_dir(spec.output_dir, n) for n in spec.snapshot_steps)]:
+        if target == final or not target.exists():  # final: KEPT_DIR, beside the last one trained
+            tmp = target.with_name(target.name + ".tmp")
+            copy_adapter(best, tmp)
+            save_adapter(None, target, staged=tmp)
+    return load_state(spec.output_dir).summary()
 
 
 def train_grpo(spec: GRPOSpec) -> GRPOResult:
@@ -114,7 +134,7 @@ def train_grpo(spec: GRPOSpec) -> GRPOResult:
     dataset = Dataset.from_dict({"prompt": [seed_prompt(s) for s in spec.seeds], "seed": list(spec.seeds)})
     holder: dict[str, Any] = {}
     stats: dict[str, Any] = {}
-    callbacks = _callbacks(spec)
+    callbacks = _callbacks(spec, tok, max_context)
     cls = trainer_class()
     with _tensorboard_dir(spec.logging_dir if spec.report_to == "tensorboard" else None):
         trainer = cls(
@@ -142,6 +162,11 @@ def train_grpo(spec: GRPOSpec) -> GRPOResult:
     final = Path(spec.output_dir) / "final"
     trainer.save_model(str(final))  # every rank calls it (sharded setups gather); rank 0 writes
     trainer.accelerator.wait_for_everyone()
+    validation, last = None, None
+    if spec.validation:
+        last, final = final, Path(spec.output_dir) / KEPT_DIR
+        if trainer.accelerator.is_main_process:
+            validation = _keep_best(spec, final)
     history = list(trainer.state.log_history)
     step = trainer.state.global_step
     runtime = float(out.metrics.get("train_runtime", 0.0)) if out is not None else 0.0
@@ -159,6 +184,8 @@ def train_grpo(spec: GRPOSpec) -> GRPOResult:
         cpu_s,
         stats.get("replayed_steps", 0),
         stats.get("replayed", 0),
+        validation,
+        last,
     )
 
 
@@ -208,8 +235,9 @@ def _grpo_config(spec: GRPOSpec, *, cuda: bool, bf16: bool):
     )
 
 
-def _callbacks(spec: GRPOSpec) -> list:
-    """The run's own trainer callbacks: one log line per step (spec.log) and adapter snapshots."""
+def _callbacks(spec: GRPOSpec, tok, max_context: int | None) -> list:
+    """The run's own trainer callbacks: one log line per step (spec.log), early stopping on validation seeds
+    (before the snapshots: a snapshot is the best adapter so far) and adapter snapshots."""
     from transformers import TrainerCallback
 
     callbacks = []
@@ -222,6 +250,10 @@ def _callbacks(spec: GRPOSpec) -> list:
                     log_fn({"step": state.global_step, **logs})
 
         callbacks.append(_Log())
+    if spec.validation:
+        from trace_cli.training.validation import validation_callback
+
+        callbacks.append(validation_callback(spec, tok, max_context, spec.validation))
     if spec.snapshot_steps:
-        callbacks.append(_snapshot_callback(spec.snapshot_steps, spec.output_dir))
+        callbacks.append(_snapshot_callback(spec.snapshot_steps, spec.output_dir, best=bool(spec.validation)))
     return callbacks

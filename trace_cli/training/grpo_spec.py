@@ -53,6 +53,8 @@ class GRPOSpec:
     report_to: str  # none | tensorboard | trackio: TRL's live metrics integrations
     logging_dir: str | None  # tensorboard event files (the stage resolves null to STORE/logs/train/ID)
     snapshot_steps: Sequence[int]  # also save the adapter after these steps: output_dir/snapshots/step-N
+    # early stopping (training.validation): seeds, every, patience, min_delta
+    validation: Mapping[str, Any] | None
     resume_from: str | None = None
     # pre-generated on-policy episodes (calibration's, by the same base and sampler), served instead of new
     # rollouts while whole groups are left: dicts with prompt_ids, completion_ids, env_mask, reward, success,
@@ -86,3 +88,6 @@ class GRPOResult:
     train_cpu_s: float = 0.0  # process CPU time of trainer.train() (robust to other load on the machine)
     replayed_steps: int = 0  # rollout calls served from spec.replay (no new episodes generated)
     replayed_episodes: int = 0
+    validation: dict[str, Any] | None = None  # training.validation.ValidationState.summary() when it ran
+    # with early stopping: the adapter of the last step (adapter_dir is the best one)
+    last_dir: Path | None = None
