@@ -126,7 +126,7 @@ class Trace:
             "diagnosis": d_art.uri,
             "capability": cap,
             "target": self.target,
-            "tools": "needed",
+            "tools": s.env_tools,
             "model": self.base,
             "seed": self.seed,
             **({"params": {"level": 0}} if s.calibration_start == "easiest" else {}),
@@ -168,7 +168,7 @@ class Trace:
         if not envs:
             return {B: {**common, "spent": {**fixed, "total": sum(fixed.values())}} for B in s.budgets}
         self.order = order = [c for c in selected if c in envs]  # diagnosis rank: the gates' slot order
-        fixed["moe"] = s.moe_seeds * len(envs) if len(envs) > 1 else 0
+        fixed["moe"] = s.moe_seeds * len(envs)  # the gates' expert transcripts (one adapter has gates too)
         reuse = {
             c: ((envs[c].summary.get("calibration_rollouts") or {}).get("episodes", 0) // per_step)
             for c in order
@@ -226,15 +226,17 @@ class Trace:
         return results
 
     def compositions(self, adapters: dict[str, Any], last: bool, tag: str) -> dict[str, dict[str, Any]]:
-        """Router and MoE (and merge, at the largest budget) of these adapters on the test seeds; with one
-        adapter, nothing to compose: every composition is that adapter."""
+        """Router and MoE (and merge, at the largest budget) of these adapters on the test seeds. The base is
+        always a slot of router and MoE, so one adapter is composed too (a task or token that does not need it goes
+        to the base); merging one adapter is that adapter."""
         methods = ("router", "moe", "merge") if last else ("router", "moe")
-        if len(self.order) == 1:
-            ev = self.eval(f"eval/{self.order[0]}/{tag}", adapters[self.order[0]].uri)
-            return {m: ev for m in methods}
         have = self.composed.setdefault(tuple(adapters[c].id for c in self.order), {})
         for method in methods:
-            if method not in have:
+            if method in have:
+                continue
+            if method == "merge" and len(self.order) == 1:
+                have[method] = self.eval(f"eval/{self.order[0]}/{tag}", adapters[self.order[0]].uri)
+            else:
                 have[method] = self.compose(method, [adapters[c].uri for c in self.order], tag)
         return {m: have[m] for m in methods}
 

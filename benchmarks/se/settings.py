@@ -26,6 +26,7 @@ RECORDED = (
     "budgets", "episodes_per_step", "num_generations", "learning_rate", "diagnosis_rollouts", "calibration",
     "calibration_look", "calibration_attempts", "calibration_start", "moe_seeds", "moe_steps",
     "max_new_tokens", "validation", "base", "adapter_validation", "validation_every", "validation_patience",
+    "env_tools",
 )  # fmt: skip
 
 
@@ -57,6 +58,7 @@ class Settings:
     adapter_validation: str = "200000:200016"
     validation_every: int = 4
     validation_patience: int = 2
+    env_tools: str = "target"  # synthesize's `tools`: what TRACE's environments offer
     combine: tuple[Path, ...] = ()
 
     @property
@@ -131,6 +133,14 @@ def parser(doc: str) -> argparse.ArgumentParser:
         "episodes are charged); 'off' = no early stopping",
     )
     add("--validation-every", type=int, default=Settings.validation_every)
+    add(
+        "--env-tools",
+        choices=("target", "needed"),
+        default=Settings.env_tools,
+        help="the tools TRACE's environments offer: the target's (an agent trained with every tool shown, as "
+        "shop-mixed shows them) or only those their tasks need (the demo's small base, which took each shop "
+        "family's own tool list as a cue)",
+    )
     add("--validation-patience", type=int, default=Settings.validation_patience)
     add(
         "--out",
@@ -200,5 +210,6 @@ def parse_settings(argv: list[str] | None, doc: str) -> Settings:
         adapter_validation=a.adapter_validation,
         validation_every=a.validation_every,
         validation_patience=a.validation_patience,
+        env_tools=a.env_tools,
         combine=tuple(a.combine or ()),
     )
