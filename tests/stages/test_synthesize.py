@@ -652,3 +652,36 @@ def test_calibration_rollouts_are_reused_as_the_first_grpo_steps(st):
     # other sampling settings than calibration's: nothing reused, and the run says why
     other = execute("train", {**grpo, "max_new_tokens": 16, "max_steps": 1}, st).main
     assert other.summary["reused_calibration_steps"] == 0
+
+
+def test_the_task_mix_comes_from_the_diagnosis_lacking_conversations(st, in_band):
+    """shop-mixed conversations of an agent lacking precondition verification (the environment's deficit
+    demonstrations, 90 %), diagnosed by the rules analyst: the precondition environment's refusal share and
+    returns come from the conversations labelled LACKING it (recorded as shaped_by, where calibration starts);
+    shape_min_tasks 0 turns it off."""
+    from trace_cli.compose.needs import diagnosed
+    from trace_cli.envs.synthetic import TEMPLATES
+    from trace_cli.envs.synthetic.shaping import profile
+
+    cap = "precondition_verification"
+    agent = f"policy:demonstration?deficits={cap}&rate=0.9"
+    cfg = {"model": agent, "env": "shop-mixed", "seeds": "0:120"}
+    ro = execute("eval", cfg, st).outputs["rollouts"]
+    diag = execute("diagnose", {"rollouts": ro.uri, "analyst": "rules", "seed": 0}, st).main
+    assert cap in diag.summary["selected"]
+    lacking = [ep for ep, slot in diagnosed(diag, ro, [cap]) if slot]
+    pins = TEMPLATES[cap].shape(profile(lacking))
+    assert len(lacking) >= 5 and pins
+
+    def doc_of(art):
+        return yaml.safe_load((art.path / "environment.yaml").read_text())
+
+    doc = doc_of(synthesize_one(st, diag.uri, cap, calibration=SMALL).main)
+    validate(doc, "environment.v1.json")
+    assert doc["shaped_by"]["lacking_conversations"] == len(lacking)
+    assert doc["shaped_by"]["params"] == pins
+    assert {k: doc["params"][k] for k in pins} == pins
+    off = doc_of(synthesize_one(st, diag.uri, cap, calibration=SMALL, shape_min_tasks=0).main)
+    assert "shaped_by" not in off
+    level = TEMPLATES[cap].LEVELS[off["params"]["level"]]
+    assert off["params"]["forbidden_fraction"] == level["forbidden_fraction"]

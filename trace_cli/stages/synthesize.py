@@ -119,15 +119,32 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
         needed = {*TEMPLATES[cap].TOOLS, HANDOFF}
         target = {**target, "tools": {n: t for n, t in target["tools"].items() if n in needed}}
     model = resolve_model(cfg["model"], store)
+    shape = None
     if cap in TEMPLATES:  # validate the difficulty parameters now, before any compute
         TEMPLATES[cap](tools=target["tools"], max_turns=cfg["max_turns"], **cfg["params"])
+        shape = _shape(cfg, diag, store, TEMPLATES[cap], target)
     id_config = {**cfg, "diagnosis": diag.id, "model": model.digest, "target": target["identity"]}
     inputs = [diag.as_input("diagnosis"), model.as_input("model")] + target["inputs"]
     p = Prepared(NAME, cfg, id_config, inputs, dict(OUTPUTS)).finalize()
     p.extra.update(
         diagnosis=diag, diagnosis_doc=doc, capability=selected[cap], target=target, model=model, train=train
     )
+    p.extra["shape"] = shape
     return p
+
+
+def _shape(cfg: dict[str, Any], diag, store: Store, template, target) -> dict[str, Any] | None:
+    """The template's pins from the diagnosis's LACKING conversations (`envs.synthetic.shaping`), or None."""
+    from trace_cli.compose.needs import diagnosed
+    from trace_cli.envs.synthetic.shaping import shape_for
+
+    ro = next((i for i in diag.manifest.get("inputs", []) if i.get("role") == "rollouts"), None)
+    if not cfg["shape_min_tasks"] or ro is None:
+        return None
+    rollouts = store.resolve(f"store://rollouts/{ro['id']}", kind="rollouts")
+    lacking = [ep for ep, slot in diagnosed(diag, rollouts, [cfg["capability"]]) if slot]
+    kw = {"tools": target["tools"], "max_turns": cfg["max_turns"]}
+    return shape_for(template, lacking, cfg["shape_min_tasks"], cfg["params"], **kw)
 
 
 # ------------------------------------------------------------------------------------------------ run
@@ -196,7 +213,11 @@ def _candidate(cfg: dict[str, Any], store: Store, prepared: Prepared, limits: An
         cls = TEMPLATES[cap]
         return Candidate(
             lambda params: lambda: cls(tools=target["tools"], max_turns=cfg["max_turns"], **params),
-            {"level": cls.DEFAULT_LEVEL, **cfg["params"]},
+            {
+                "level": cls.DEFAULT_LEVEL,
+                **(prepared.extra["shape"] or {}).get("params", {}),
+                **cfg["params"],
+            },
             cls.harder,
             cls.easier,
             modules=modules,
@@ -401,6 +422,8 @@ def _document(prepared, cand: Candidate, env, obs, params, checks, attempts, lim
         },
         "authoring": {"author": cfg["author"]},
     }
+    if prepared.extra.get("shape") is not None:
+        doc["shaped_by"] = prepared.extra["shape"]
     if cand.module_src is None:
         doc["template"] = cap
     else:

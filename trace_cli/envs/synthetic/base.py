@@ -279,6 +279,12 @@ class SyntheticEnv(ShopEpisodes):
         return {**rest, "level": level, **({"mix": mix} if mix else {})}
 
     @classmethod
+    def shape(cls, profile: dict[str, Any]) -> dict[str, Any]:
+        """Pinned knobs that give this template the task mix of the target's LACKING conversations (`shaping`'s
+        profile of them); the knobs calibration moves to set difficulty are left to the levels. Default: none."""
+        return {}
+
+    @classmethod
     def harder(cls, params: dict[str, Any]) -> dict[str, Any] | None:
         """`params` (level + pinned knobs) one level harder, or None at the hardest level."""
         return cls._step(params, +1)

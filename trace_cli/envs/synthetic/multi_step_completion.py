@@ -59,6 +59,13 @@ class MultiStepCompletion(SyntheticEnv):
     DEFAULT_LEVEL = 4  # (level 2 before the two easiest levels were added)
     WEIGHTS = {"operations": 1.0}
 
+    @classmethod
+    def shape(cls, profile: dict[str, Any]) -> dict[str, Any]:
+        """The operations of the LACKING conversations' writes (an order operation among them: an address
+        change alone is one operation); how many per task stays the levels' difficulty."""
+        ops = [o for o in OPS if profile["kinds"].get(o)]
+        return {"ops": ops} if any(o != "address" for o in ops) else {}
+
     def _validate_knobs(self) -> None:
         k = self.knobs
         if k["min_ops"] > k["max_ops"]:

@@ -28,6 +28,7 @@ from trace_cli.envs.shop.tasks.common import (
 from trace_cli.envs.shop.tools import CANCEL_REASONS
 from trace_cli.envs.shop.world import order_total
 from trace_cli.envs.synthetic.base import Knob, Scenario, SyntheticEnv, scenario
+from trace_cli.envs.synthetic.shaping import share
 
 ALLOWED_STATUS = {"cancel": "pending", "return": "delivered"}
 FORBIDDEN_STATUSES = {"cancel": ("processed", "delivered"), "return": ("pending", "processed")}
@@ -110,6 +111,18 @@ class PreconditionVerification(SyntheticEnv):
         },
     ]
     WEIGHTS = {"action": 0.6, "communicate": 0.4}
+
+    @classmethod
+    def shape(cls, profile: dict[str, Any]) -> dict[str, Any]:
+        """The refusal share and the returns among the cancel/return requests of the LACKING conversations."""
+        kinds, refused = profile["kinds"], profile["refused"]
+        requests = kinds.get("cancel", 0) + kinds.get("return", 0) + refused
+        if not requests:
+            return {}
+        return {
+            "forbidden_fraction": share(refused, requests),
+            "return_fraction": share(kinds.get("return", 0), requests, 0.0),
+        }
 
     def _validate_knobs(self) -> None:
         k = self.knobs

@@ -25,6 +25,7 @@ from trace_cli.envs.shop.tasks.common import (
     say,
 )
 from trace_cli.envs.synthetic.base import Knob, Scenario, SyntheticEnv, scenario
+from trace_cli.envs.synthetic.shaping import clamp
 
 KINDS = ("most_expensive", "cheapest", "by_option", "most_recent")
 
@@ -65,6 +66,12 @@ class StructuredDataReasoning(SyntheticEnv):
     ]
     DEFAULT_LEVEL = 3  # (level 2 before the easiest level was added)
     WEIGHTS = {"order": 0.2, "item": 0.2, "payment": 0.2, "communicate": 0.4}
+
+    @classmethod
+    def shape(cls, profile: dict[str, Any]) -> dict[str, Any]:
+        """The share of the LACKING conversations' refunds that go to a gift card."""
+        g = profile["gift_card_share"]
+        return {} if g is None else {"gift_card_fraction": round(clamp(g, 0.05, 0.95), 2)}
 
     def _validate_knobs(self) -> None:
         if self.knobs["n_items"] > 6:

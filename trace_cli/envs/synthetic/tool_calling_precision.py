@@ -65,6 +65,12 @@ class ToolCallingPrecision(SyntheticEnv):
     ]
     WEIGHTS = {"fields": 1.0}
 
+    @classmethod
+    def shape(cls, profile: dict[str, Any]) -> dict[str, Any]:
+        """The task kinds (address changes, exchanges) the LACKING conversations wrote."""
+        kinds = [k for k in KINDS if profile["kinds"].get(k)]
+        return {"kinds": kinds} if kinds else {}
+
     def build(self, rng: random.Random) -> Scenario:
         k = self.knobs
         c = customer(rng, k["n_orders"])
