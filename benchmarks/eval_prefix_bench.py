@@ -7,7 +7,9 @@ over the seeds at the batch size, greedy. Per batch size the cache-off and cache
 same loaded weights' files: seconds per episode each way and the speed-up; prefill tokens fed per turn (pads
 left out) and prefill positions computed per turn (pads included, the cost of a left-padded batch); the
 tokens the prefix cache served; and whether the outcomes (reward and messages of every episode) are the
-same as the first cache-off run's. Exit 1 when they are not.
+same as the first cache-off run's. Exit 1 when they are not. Where the time goes: the seconds per episode
+in the model's prefill passes and in its decoding steps, and `x bound`, the speed-up a run would get if its
+prefill cost nothing (the most a prefix cache can give it).
 
     OMP_NUM_THREADS=1 python benchmarks/eval_prefix_bench.py          # SmolLM2, 6 seeds, batch sizes 1 and 6
     python benchmarks/eval_prefix_bench.py --model store://model/smollm2-sft --store /tmp/smollm2-e2e/store
@@ -51,27 +53,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 class Counting:
-    """The policy unchanged, plus the turns it generated and what its model's prefill passes fed."""
+    """The policy unchanged, plus the turns it generated, what its model's prefill passes fed, and the seconds
+    of its model's prefill passes and decoding steps."""
 
     def __init__(self, policy):
         self.policy, self.parse = policy, policy.parse
         self.turns = self.prefill_tokens = self.prefill_positions = 0
-        self._hook = policy.model.register_forward_pre_hook(self._count, with_kwargs=True)
+        self.seconds = {"prefill": 0.0, "decode": 0.0}
+        self._pass: tuple[str, float] = ("decode", 0.0)
+        model = policy.model
+        self._hooks = [
+            model.register_forward_pre_hook(self._count, with_kwargs=True),
+            model.register_forward_hook(lambda *_: self._stop()),
+        ]
 
     def _count(self, module, args, kwargs) -> None:
         ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
-        if ids is None or ids.shape[1] == 1:
-            return  # a decoding step
-        w = ids.shape[1]
-        self.prefill_positions += ids.numel()
-        self.prefill_tokens += ids.numel() if mask is None else int(mask[:, -w:].sum())
+        w = 1 if ids is None else ids.shape[1]
+        self._pass = ("decode" if w == 1 else "prefill", time.perf_counter())
+        if w > 1:
+            self.prefill_positions += ids.numel()
+            self.prefill_tokens += ids.numel() if mask is None else int(mask[:, -w:].sum())
+
+    def _stop(self) -> None:
+        kind, t0 = self._pass
+        self.seconds[kind] += time.perf_counter() - t0
 
     def act(self, states):
         self.turns += len(states)
         return self.policy.act(states)
 
     def close(self) -> None:
-        self._hook.remove()
+        for hook in self._hooks:
+            hook.remove()
 
 
 def run_eval(ref, args, batch_size: int, cache: bool) -> tuple[dict[str, Any], dict[int, Any]]:
@@ -113,6 +127,10 @@ def run_eval(ref, args, batch_size: int, cache: bool) -> tuple[dict[str, Any], d
         "prefill_tokens_per_turn": round(counting.prefill_tokens / turns, 1),
         "prefill_positions_per_turn": round(counting.prefill_positions / turns, 1),
         "prefix_hit_tokens": policy.prefix_cache.hit_tokens if cache else 0,
+        "prefill_s_per_episode": round(counting.seconds["prefill"] / len(res), 2),
+        "decode_s_per_episode": round(counting.seconds["decode"] / len(res), 2),
+        # the most any prefix cache could give: the run with no prefill at all
+        "bound_x": round(wall / max(wall - counting.seconds["prefill"], 1e-9), 2),
         "success": round(sum(r.success for r in res) / len(res), 3),
     }
     return row, {r.seed: (r.reward, r.messages) for r in res}
@@ -149,6 +167,9 @@ COLUMNS = [
     ("gen tokens", "gen_tokens"),
     ("s/episode", "s_per_episode"),
     ("x", "speedup"),
+    ("prefill s/ep", "prefill_s_per_episode"),
+    ("decode s/ep", "decode_s_per_episode"),
+    ("x bound", "bound_x"),
     ("prefill tok/turn", "prefill_tokens_per_turn"),
     ("prefill pos/turn", "prefill_positions_per_turn"),
     ("cache hits", "prefix_hit_tokens"),

@@ -30,6 +30,7 @@ def test_eval_prefix_bench_smoke(tmp_path_factory, tmp_path, capsys):
     for r in rows:
         assert r["episodes"] == 3 and r["turns"] >= 3 and r["s_per_episode"] > 0
         assert (r["prefix_hit_tokens"] > 0) == r["prefix_cache"]
+        assert r["prefill_s_per_episode"] > 0 and r["decode_s_per_episode"] > 0 and r["bound_x"] >= 1
     off, on = rows[2], rows[3]  # all three episodes start together: their shared prompt is prefilled once
     assert on["prefill_tokens_per_turn"] < off["prefill_tokens_per_turn"]
     assert "prefill tok/turn" in capsys.readouterr().out
