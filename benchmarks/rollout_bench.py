@@ -36,7 +36,6 @@ on full-length turns; a trained model (`--model`) gives realistic multi-turn epi
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -396,8 +395,10 @@ def main(argv: list[str] | None = None) -> int:
         "models": builds,
         "results": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported from a file (the tests)
+    from common import command, write_result
+
+    write_result(args.out, {"command": command(), **doc})  # with the commit and whether the tree was dirty
     print(f"\nwrote {args.out}", file=sys.stderr)
     ok = all(r["same_as_naive"] for r in rows)
     if not ok:

@@ -108,3 +108,24 @@ def test_no_prefix_cache_for_a_model_with_sliding_window_layers():
     full = SimpleNamespace(config=SimpleNamespace(layer_types=["full_attention"]))
     assert device.prefix_cache(sliding, torch.device("cpu")) is None
     assert device.prefix_cache(full, torch.device("cpu")) is not None
+
+
+def test_the_prefix_cache_is_sized_or_turned_off_by_its_variable(tiny_model, monkeypatch):
+    from trace_cli.compose.policy import load_policy
+    from trace_cli.models.refs import resolve_model
+
+    ref = resolve_model(str(tiny_model.hf), None)
+    monkeypatch.setenv(device.ENV, "cpu")
+    monkeypatch.setenv(device.PREFIX_CACHE_ENV, "0")
+    assert load_policy(ref, temperature=0.0, max_new_tokens=4).prefix_cache is None
+    monkeypatch.setenv(device.PREFIX_CACHE_ENV, " 1.5 ")
+    assert load_policy(ref, temperature=0.0, max_new_tokens=4).prefix_cache.max_bytes == 3 << 19
+
+
+@pytest.mark.parametrize("bad", ["-1", "off", "nan", "inf"])
+def test_a_bad_prefix_cache_size_exits_2_and_writes_nothing(tiny_model, tmp_path, bad):
+    root = tmp_path / "store"
+    r = run_cli(*EVAL, "--model", str(tiny_model.hf), "--store", root, env={device.PREFIX_CACHE_ENV: bad})
+    assert r.exit_code == 2, r.output
+    assert f"{device.PREFIX_CACHE_ENV}={bad!r}: expected a size in MiB >= 0" in r.stderr
+    assert not root.exists()

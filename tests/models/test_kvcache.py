@@ -24,12 +24,13 @@ def noisy(tmp_path_factory):
 
 
 def _fed_widths(model):
-    """Record the input width of every forward call (prefill = the first call of each generate)."""
+    """Record the positions every forward call computes, pads included (> 1 per row: a prefill; a batch of
+    decoding steps records its batch size)."""
     widths: list[int] = []
 
     def hook(module, args, kwargs):
         ids = kwargs.get("input_ids")
-        widths.append(ids.shape[1] if ids is not None else -1)
+        widths.append(ids.numel() if ids is not None and ids.shape[1] > 1 else -1)
 
     # a hook, not a wrapper: generate inspects forward's signature (position ids from the mask)
     handle = model.register_forward_pre_hook(hook, with_kwargs=True)
@@ -124,3 +125,58 @@ def test_a_prefix_cache_shared_by_episodes_gives_the_same_episodes_and_feeds_les
     assert turns(pc) == turns(None) and pc.hit_tokens > 0
     pc.clear()
     assert len(pc) == 0 and pc.bytes == 0
+
+
+def test_episodes_that_start_together_prefill_their_shared_prompt_once(noisy):
+    """Eval's first round: every episode starts at once, so none finds in the prefix cache what the others
+    are about to prefill. The heads they share (system prompt, tool schemas) are prefilled once into the
+    cache first: the same greedy episodes, fewer tokens fed."""
+    from trace_cli.agents.hf import HFPolicy
+    from trace_cli.models.prefix_cache import PrefixCache
+
+    model, tok = noisy
+    fed: list[int] = []
+
+    def hook(module, args, kwargs):
+        ids, mask = kwargs["input_ids"], kwargs.get("attention_mask")
+        w = ids.shape[1]  # prefill tokens fed (pads left out)
+        fed.append(0 if w == 1 else ids.numel() if mask is None else int(mask[:, -w:].sum()))
+
+    handle = model.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        plain = _episodes(HFPolicy(model, tok, temperature=0.0, max_new_tokens=12), batch_size=len(SEEDS))
+        fed_plain, fed[:] = sum(fed), []
+        pc = PrefixCache(64 << 20)
+        policy = HFPolicy(model, tok, temperature=0.0, max_new_tokens=12, prefix_cache=pc)
+        cached = _episodes(policy, batch_size=len(SEEDS))
+        fed_cached = sum(fed)
+    finally:
+        handle.remove()
+    assert [e.messages for e in cached] == [e.messages for e in plain]
+    # no episode started after another had finished: every hit came from the shared heads prefilled first
+    assert pc.hit_tokens >= len(SEEDS) * 4 * pc.block, pc.hit_tokens
+    assert fed_cached < fed_plain * 0.9, (fed_cached, fed_plain)
+
+
+def test_an_episode_that_starts_beside_running_ones_does_not_widen_their_prefill(noisy):
+    """A refilled slot's whole prompt is prefilled alone, so the rows beside it (a few new tokens each) are not
+    padded to its width: the positions computed stay close to the tokens fed, with the same episodes."""
+    from trace_cli.agents.hf import HFPolicy
+
+    model, tok = noisy
+    shapes: list[tuple[int, int, int]] = []
+
+    def hook(module, args, kwargs):
+        ids, mask = kwargs["input_ids"], kwargs.get("attention_mask")
+        w = ids.shape[1]
+        if w > 1:
+            shapes.append((ids.numel(), ids.numel() if mask is None else int(mask[:, -w:].sum()), w))
+
+    handle = model.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        eps = _episodes(HFPolicy(model, tok, temperature=0.0, max_new_tokens=12), batch_size=3)
+    finally:
+        handle.remove()
+    computed, fed = sum(s[0] for s in shapes), sum(s[1] for s in shapes)
+    assert len(eps) == len(SEEDS) > 3  # slots were refilled while other episodes ran
+    assert computed < 1.3 * fed, (computed, fed, shapes)

@@ -41,6 +41,7 @@ def test_rollout_bench_smoke(tiny_model, tmp_path):
     )
     assert rc == 0
     doc = json.loads(out.read_text())
+    assert doc["commit"] and isinstance(doc["dirty"], bool)  # the result names the code it measured
     assert doc["models"]["tiny"]["skipped"] is True
     rows = doc["results"]
     assert [(r["mode"], r["batch_size"]) for r in rows] == [("naive", 1), ("rollout", 1), ("rollout", 3)]

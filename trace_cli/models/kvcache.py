@@ -10,7 +10,9 @@ A batch mixes episodes with different cached lengths, so each row is laid out as
 `[pad.. cached tokens][pad.. new tokens]` with attention mask 0 on the pads: the cached keys already carry
 their rotary positions, and `generate` derives the new tokens' positions from the mask's cumulative sum, so
 every real token sees the positions it would have had in one unpadded pass. After generation only the real
-slots are kept per episode (pads are dropped), so no padding accumulates across turns.
+slots are kept per episode (pads are dropped), so no padding accumulates across turns. A row whose new
+tokens would make the whole batch that wide (an episode starting beside running ones) is prefilled alone
+first, when that computes fewer positions.
 """
 
 from __future__ import annotations
@@ -115,17 +117,60 @@ def growing_cache(capacity: int, layers: list[tuple[Any, Any]] | None = None):
     return cache
 
 
+def _prefill(model, tokens: list[int], device, n: int = 0, past: list[tuple[Any, Any]] | None = None):
+    """Per-layer (keys, values) [heads, len, head_dim] of `tokens`, one unpadded pass over all but the first
+    `n`, whose keys/values `past` holds (same layout)."""
+    import torch
+
+    layers = [(k.unsqueeze(0), v.unsqueeze(0)) for k, v in past or []]
+    with torch.no_grad():
+        res = model(
+            input_ids=torch.tensor([tokens[n:]], dtype=torch.long, device=device),
+            past_key_values=growing_cache(len(tokens), layers),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+    return [(k[0], v[0]) for k, v in _cache_layers(res.past_key_values)]
+
+
+SOLO_COST = 32  # positions a row's own prefill pass is counted as costing beyond its tokens (call overhead)
+
+
+def _solo_rows(new: list[int]) -> list[int]:
+    """The rows to prefill alone, so that the positions computed (a padded batch computes every row as wide
+    as its widest) are fewest: the k widest, k chosen by cost, none when no k saves anything."""
+    b = len(new)
+    order = sorted(range(b), key=lambda i: -new[i])
+    best_k, best, alone = 0, b * new[order[0]], 0
+    for k in range(1, b + 1):
+        alone += new[order[k - 1]] - 1 + SOLO_COST
+        cost = alone + b * (new[order[k]] if k < b else 1)
+        if cost < best:
+            best_k, best = k, cost
+    return order[:best_k]
+
+
+def _prefill_wide_rows(model, ctxs, caches: list, reuse: list[int], device) -> None:
+    """Rows whose new tokens would widen the padded batch for every row get them (all but the last) prefilled
+    alone, unpadded, first (`caches` and `reuse` updated): an episode that starts beside running ones (eval
+    refills a finished slot) made every row of the batch prefill as many positions as its whole prompt."""
+    for i in _solo_rows([len(c) - r for c, r in zip(ctxs, reuse, strict=True)]):
+        c, r, kv = ctxs[i], reuse[i], caches[i]
+        past = [(k[:, :r], v[:, :r]) for k, v in kv.layers] if r else None
+        caches[i] = EpisodeKV(c[:-1], _prefill(model, c[:-1], device, r, past))
+        reuse[i] = len(c) - 1
+
+
 def _prefill_shared(
     model, ctxs: list[list[int]], caches: list[EpisodeKV | None], device
 ) -> list[EpisodeKV | None]:
     """Rows with nothing cached that have the same context get it (all but its last token) prefilled once,
     unpadded, and share that EpisodeKV: a GRPO group's episodes start from the same prompt, so its prefill (the
     system prompt and tool schemas, ~1,000 tokens in the shop) runs once per group instead of once per row."""
-    import torch
 
     fresh: dict[tuple[int, ...], list[int]] = {}
     for i, (c, kv) in enumerate(zip(ctxs, caches, strict=True)):
-        if len(c) > 1 and (kv is None or _lcp(kv.tokens, c) == 0):
+        if len(c) > 1 and _fresh(c, kv):
             fresh.setdefault(tuple(c), []).append(i)
     shared = {key: rows for key, rows in fresh.items() if len(rows) > 1}
     if not shared:
@@ -133,14 +178,7 @@ def _prefill_shared(
     out = list(caches)
     for key, rows in shared.items():
         head = list(key[:-1])
-        with torch.no_grad():
-            res = model(
-                input_ids=torch.tensor([head], dtype=torch.long, device=device),
-                past_key_values=growing_cache(len(head)),
-                use_cache=True,
-                logits_to_keep=1,
-            )
-        kv = EpisodeKV(head, [(k[0], v[0]) for k, v in _cache_layers(res.past_key_values)])
+        kv = EpisodeKV(head, _prefill(model, head, device))
         for i in rows:
             out[i] = kv
     return out
@@ -162,17 +200,20 @@ def generate_reusing(
     its context and completion, except the last generated token, which was never fed back). With `prefix`
     (a models.prefix_cache.PrefixCache for these weights), a row with nothing of its own cached starts
     from the longest prefix of its context that earlier episodes left there (the system prompt and tool
-    schemas every episode shares), and every row's context and completion go into it."""
+    schemas every episode shares) or that it shares with another such row (prefilled once, before the
+    batch), and every row's context and completion go into it."""
     import torch
 
     device = next(model.parameters()).device
     if prefix is not None:
+        _prefill_common(model, prefix, ctxs, caches, device)
         caches = [_from_prefix(prefix, c, kv) for c, kv in zip(ctxs, caches, strict=True)]
-    caches = _prefill_shared(model, ctxs, caches, device)
+    caches = _prefill_shared(model, ctxs, list(caches), device)  # a copy: rows are replaced below
     reuse = []
     for c, kv in zip(ctxs, caches, strict=True):
         r = _lcp(kv.tokens, c) if kv is not None else 0
         reuse.append(min(r, len(c) - 1))  # at least one token must be fed to get the next logits
+    _prefill_wide_rows(model, ctxs, caches, reuse, device)
     wc = max(reuse)
     wn = max(len(c) - r for c, r in zip(ctxs, reuse, strict=True))
     b = len(ctxs)
@@ -240,9 +281,38 @@ def generate_reusing(
     return comps, new_caches
 
 
+def _fresh(ctx: list[int], kv: EpisodeKV | None) -> bool:
+    """Whether a row has nothing of its own cached for its context."""
+    return kv is None or _lcp(kv.tokens, ctx) == 0
+
+
+def _common_heads(prefix, ctxs: list[list[int]], caches: list[EpisodeKV | None]) -> list[list[int]]:
+    """The distinct whole-block heads that fresh rows share with another fresh row (each row's longest, at most
+    all but its last token), shortest first. Sorted, a row's longest common prefix with any other row is the
+    one with a neighbour."""
+    rows = sorted((c for c, kv in zip(ctxs, caches, strict=True) if _fresh(c, kv)))
+    heads: dict[tuple[int, ...], None] = {}
+    for i, c in enumerate(rows):
+        near = [_lcp(c, rows[j]) for j in (i - 1, i + 1) if 0 <= j < len(rows)]
+        n = min(max(near, default=0), len(c) - 1) // prefix.block * prefix.block
+        if n:
+            heads[tuple(c[:n])] = None
+    return sorted((list(h) for h in heads), key=len)
+
+
+def _prefill_common(model, prefix, ctxs: list[list[int]], caches: list[EpisodeKV | None], device) -> None:
+    """Put into the prefix cache, prefilled once each, the heads that rows with nothing cached share (eval's
+    first round: every episode starts together, so none would find the system prompt and tool schemas that
+    the others are about to prefill). Each head starts from what the cache already holds of it."""
+    for head in _common_heads(prefix, ctxs, caches):
+        n, layers = prefix.match(head, len(head), count=False)
+        if n < len(head):
+            prefix.insert(head, _prefill(model, head, device, n, layers))
+
+
 def _from_prefix(prefix, ctx: list[int], kv: EpisodeKV | None) -> EpisodeKV | None:
     """The row's own cache, or when it shares nothing with the context, what the prefix cache holds."""
-    if kv is not None and _lcp(kv.tokens, ctx) > 0:
+    if not _fresh(ctx, kv):
         return kv
     n, layers = prefix.match(ctx, len(ctx) - 1)
     return EpisodeKV(list(ctx[:n]), layers) if n else kv

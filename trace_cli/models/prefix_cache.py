@@ -64,9 +64,11 @@ class PrefixCache:
         for k in reversed(keys):  # the chain's head ends most recent: evicted last
             self._blocks.move_to_end(k)
 
-    def match(self, tokens: list[int], limit: int | None = None) -> tuple[int, list[tuple[Any, Any]] | None]:
+    def match(
+        self, tokens: list[int], limit: int | None = None, *, count: bool = True
+    ) -> tuple[int, list[tuple[Any, Any]] | None]:
         """(n, per-layer (keys, values) [heads, n, head_dim]) of the longest cached prefix of whole blocks of
-        `tokens`, at most `limit` tokens long; (0, None) when none is cached."""
+        `tokens`, at most `limit` tokens long; (0, None) when none is cached. `count`: add n to `hit_tokens`."""
         import torch
 
         limit = len(tokens) if limit is None else min(limit, len(tokens))
@@ -80,7 +82,7 @@ class PrefixCache:
             return 0, None
         self._touch([k for k, _ in found])
         n = len(found) * self.block
-        self.hit_tokens += n
+        self.hit_tokens += n if count else 0
         layers = [
             (
                 torch.cat([blk.layers[li][0] for _, blk in found], -2),
