@@ -12,8 +12,9 @@ the optimizer `step`, `group_mean` (the group's mean reward in that call) and `a
 base's, not this run's.
 
 Size: at most `episodes_kept` episodes, spread over the steps: each step keeps its first whole groups up to
-episodes_kept / max_steps (at least one group). A shop episode is about 1 KB compressed, so the default 4096
-keeps a few MB.
+episodes_kept / max_steps (at least one group). Measured: the demo's precondition adapter keeps its 768 episodes
+in 92 KB (episodes 66 KB + tool calls 26 KB, zstd), so the default 4096 stays within a few MB even for episodes
+several times longer.
 """
 
 from __future__ import annotations
