@@ -414,6 +414,9 @@ def test_kill_and_resume(model_dir, tmp_path):
     assert s["rollouts"] == steps * 8
     rows = pq.read_table(store / "adapter" / res["id"] / "train_metrics.parquet").to_pylist()
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    # the episodes each step trained on, once: the killed run's after its checkpoint were generated again
+    info = pq.read_table(store / "adapter" / res["id"] / "episodes.parquet").column("info").to_pylist()
+    assert sorted(json.loads(i)["step"] for i in info) == [n for n in range(1, steps + 1) for _ in range(8)]
     assert not work.exists(), "the work dir is removed once the artifact is committed"
 
 
