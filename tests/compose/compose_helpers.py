@@ -23,9 +23,19 @@ def register_envs() -> None:
 
 
 def make_adapter(
-    store, base_dir: Path, capability: str, env: str, *, seed: int, scale: float = 0.2, r: int = 4, name=None
+    store,
+    base_dir: Path,
+    capability: str,
+    env: str,
+    *,
+    seed: int,
+    scale: float = 0.2,
+    r: int = 4,
+    name=None,
+    episodes=None,
 ):
-    """A PEFT LoRA adapter with non-zero random A and B, committed as an `adapter` artifact like GRPO's."""
+    """A PEFT LoRA adapter with non-zero random A and B, committed as an `adapter` artifact like GRPO's (with
+    `episodes`, rollouts-format rows, as the training episodes GRPO keeps)."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -49,6 +59,10 @@ def make_adapter(
         "adapter", "train", cfg, [base.as_input("model")], name=name or capability.split("_")[0]
     ) as w:
         pm.save_pretrained(w.path / "adapter")
+        if episodes is not None:
+            from trace_cli.store.rollouts import write_tables
+
+            write_tables(w.path, episodes, [])
         w.summary.update(
             method="grpo",
             capability=capability,

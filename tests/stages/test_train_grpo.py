@@ -83,6 +83,9 @@ def test_adapter_artifact(trained, model_dir):
         "adapter/chat_template.jinja",
         "train_metrics.parquet",
         "train_config.json",
+        # its own training episodes, in the rollouts format (issue 30: the MoE gates learn from them)
+        "episodes.parquet",
+        "tool_calls.parquet",
     }
     s = art.summary
     assert s["method"] == "grpo" and s["capability"] == CAPABILITY  # from env.task_metadata()
@@ -99,6 +102,29 @@ def test_adapter_artifact(trained, model_dir):
     resolved = json.loads((art.path / "train_config.json").read_text())
     assert resolved["episodes_per_step"] == 8 and resolved["seeds_per_step"] == 2
     assert not list(store.tmp_root.glob("*")), "work and temp dirs are removed after a successful run"
+
+
+def test_adapter_keeps_its_training_episodes(trained):
+    """Every episode the run trained on, with its step, group (seed) and advantage against the group mean."""
+    from trace_cli.store.rollouts import read_episodes
+
+    art = trained[1].main
+    eps = read_episodes(art.path)
+    assert len(eps) == 16 == art.summary["training_episodes"]  # 2 steps x 8 episodes, under the default bound
+    assert sorted({ep["info"]["step"] for ep in eps}) == [1, 2]
+    groups: dict[tuple[int, int], list[dict]] = {}
+    for ep in eps:
+        groups.setdefault((ep["info"]["step"], ep["seed"]), []).append(ep)
+    assert len(groups) == 4 and all(len(g) == 4 for g in groups.values())  # num_generations 4
+    for g in groups.values():
+        mean = sum(ep["reward"] for ep in g) / len(g)
+        for ep in g:
+            assert ep["info"]["group_mean"] == pytest.approx(mean)
+            assert ep["info"]["advantage"] == pytest.approx(ep["reward"] - mean)
+        assert sorted(ep["trial"] for ep in g) == [0, 1, 2, 3]
+    assert any(ep["info"]["advantage"] > 0 for ep in eps)  # parity rewards vary within groups
+    assert all(ep["messages"][0]["role"] == "system" and ep["tools"] is not None for ep in eps)
+    assert all(any(m["role"] == "assistant" for m in ep["messages"]) for ep in eps)
 
 
 def test_metrics_table_and_view(trained):
@@ -388,6 +414,9 @@ def test_kill_and_resume(model_dir, tmp_path):
     assert s["rollouts"] == steps * 8
     rows = pq.read_table(store / "adapter" / res["id"] / "train_metrics.parquet").to_pylist()
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    # the episodes each step trained on, once: the killed run's after its checkpoint were generated again
+    info = pq.read_table(store / "adapter" / res["id"] / "episodes.parquet").column("info").to_pylist()
+    assert sorted(json.loads(i)["step"] for i in info) == [n for n in range(1, steps + 1) for _ in range(8)]
     assert not work.exists(), "the work dir is removed once the artifact is committed"
 
 

@@ -3,6 +3,7 @@ what the same config with that many steps trains (same id, same weights), so a l
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -41,6 +42,12 @@ def test_snapshots_are_the_shorter_runs(model_dir, tmp_path):
         assert pq.read_table(art.path / "train_metrics.parquet").column("step").to_pylist() == list(
             range(1, n + 1)
         )
+        # the snapshot keeps the training episodes of its own steps only (8 per step)
+        steps = [
+            json.loads(i)["step"]
+            for i in pq.read_table(art.path / "episodes.parquet").column("info").to_pylist()
+        ]
+        assert sorted(set(steps)) == list(range(1, n + 1)) and len(steps) == 8 * n
     # the final adapter's id does not depend on the snapshots
     assert final.id == prepare(grpo_config(model_dir, max_steps=3, seed=7), store).id
     # a 1-step run trained on its own (another store) has the snapshot's weights; the final has moved on

@@ -1,13 +1,18 @@
 """Train the MoE gates on labelled transcripts and measure routing accuracy on held-out turns.
 
-A transcript from a capability's environment is labelled with that expert's slot, one from the target
-environment with the slot of the expert whose capability it lacks, or 0 (base) when it lacks none of theirs
-(stages.compose labels them). Every token after the system prompt carries the label; the loss is the
-cross-entropy of every gate's logits against it (class-balanced, averaged over layers) plus a small Switch
-load-balancing term. Base model and LoRA experts stay frozen; only the gates train.
+Labels are per assistant turn (`Transcript.labels`; a transcript with one slot for every turn is the special
+case, `Transcript.slot`). Where they come from is `compose.moe_data`'s business. On the tokens: every token after
+the system prompt carries a label; an assistant turn's tokens carry that turn's, and the tokens before it (the
+user's messages and tool results it answers, which is where the routing for that turn is decided as the gates
+read them) carry the same; tokens after the last assistant turn carry the last turn's. The loss is the
+cross-entropy of every gate's logits against the token labels (class-balanced over the labelled tokens, averaged
+over layers) plus a small Switch load-balancing term. Base model and LoRA experts stay frozen; only the gates train.
 
-Routing accuracy is measured per held-out assistant turn: the turn's expert is the most chosen slot over its
-tokens and all gated layers, as routed during a forward pass over the whole transcript (what generation sees).
+Held out by conversation (`split`, by episode key: no turn of a held-out conversation trains), stratified by each
+transcript's `slot` (for per-turn labels: its expert, the first non-base label, else base). Routing accuracy is
+measured per held-out assistant turn: the turn's expert is the most chosen slot over its tokens and all gated
+layers, as routed during a forward pass over the whole transcript (what generation sees); it is reported per slot
+with its turns and the number of held-out conversations with a turn of that slot.
 """
 
 from __future__ import annotations
@@ -26,10 +31,20 @@ from trace_cli.compose.moe import GatedLoraLinear, RoutingTrace, turn_votes
 
 @dataclass
 class Transcript:
-    slot: int
+    slot: int  # the conversation's slot: every turn's when `labels` is None, else its stratum for the split
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]
     key: str  # episode identity (for the held-out split)
+    labels: list[int] | None = None  # one slot per assistant message, in order
+
+    def turn_labels(self) -> list[int]:
+        n = sum(1 for m in self.messages if m.get("role") == "assistant")
+        return list(self.labels) if self.labels is not None else [self.slot] * n
+
+
+def stratum(labels: list[int]) -> int:
+    """The slot a per-turn-labelled conversation is filed under: its first expert label, else base."""
+    return next((x for x in labels if x), 0)
 
 
 @dataclass
@@ -39,6 +54,17 @@ class Example:
     first: int  # first labelled token (after the system prompt)
     turns: list[tuple[int, int]] = field(default_factory=list)  # assistant-turn token spans
     key: str = ""
+    labels: list[int] = field(default_factory=list)  # the slot of each turn in `turns`
+
+    def token_labels(self) -> list[int]:
+        """The label of every token from `first` on: each turn's for its tokens and those before it (down to
+        the previous turn's end), the last turn's after it; `slot` throughout when no turn is left."""
+        if not self.turns:
+            return [self.slot] * (len(self.ids) - self.first)
+        out: list[int] = []
+        for (_, e), lab in zip(self.turns, self.labels, strict=True):
+            out += [lab] * max(0, e - self.first - len(out))
+        return out + [self.labels[-1]] * (len(self.ids) - self.first - len(out))
 
 
 def _ntok(tok, text: str) -> int:
@@ -56,30 +82,39 @@ def build_examples(tok, transcripts: list[Transcript], max_length: int) -> list[
         first = min(
             _ntok(tok, render(tok, t.messages[:1], t.tools, add_generation_prompt=False)), len(ids) - 1
         )
-        turns = []
+        turns, labels = [], []
+        lab = iter(t.turn_labels())
         for i, m in enumerate(t.messages):
             if m.get("role") != "assistant":
                 continue
+            slot = next(lab)
             s = _ntok(tok, render(tok, t.messages[:i], t.tools, add_generation_prompt=True))
             e = min(
                 _ntok(tok, render(tok, t.messages[: i + 1], t.tools, add_generation_prompt=False)), len(ids)
             )
             if s < e:
                 turns.append((s, e))
-        out.append(Example(t.slot, ids, max(first, 0), turns, t.key))
+                labels.append(slot)
+        out.append(Example(t.slot, ids, max(first, 0), turns, t.key, labels))
     return out
 
 
-def split(examples: list[Example], held_out: float, seed: int) -> tuple[list[Example], list[Example]]:
-    """Stratified by slot, by episode: a held-out episode contributes no token to training."""
+def split(
+    examples: list[Example], held_out: float, seed: int, at_least: int = 0
+) -> tuple[list[Example], list[Example]]:
+    """Stratified by slot, by episode key: a held-out conversation contributes no token to training. Each slot
+    holds out its `held_out` share, or `at_least` conversations where that is more (at most half of them)."""
     rng = random.Random(seed)
+    by_key: dict[str, list[Example]] = {}
+    for e in examples:  # the same conversation twice stays on one side
+        by_key.setdefault(e.key or str(id(e)), []).append(e)
     train, test = [], []
-    for slot in sorted({e.slot for e in examples}):
-        group = [e for e in examples if e.slot == slot]
+    for slot in sorted({g[0].slot for g in by_key.values()}):
+        group = sorted((k for k, g in by_key.items() if g[0].slot == slot))
         rng.shuffle(group)
-        n = max(1, round(len(group) * held_out)) if len(group) > 1 else 0
-        test += group[:n]
-        train += group[n:]
+        n = max(1, round(len(group) * held_out), min(at_least, len(group) // 2)) if len(group) > 1 else 0
+        test += [e for k in group[:n] for e in by_key[k]]
+        train += [e for k in group[n:] for e in by_key[k]]
     return train, test
 
 
@@ -91,7 +126,7 @@ def _batch(examples: list[Example], pad_id: int, device) -> tuple[torch.Tensor, 
     for i, e in enumerate(examples):  # right padding: positions stay those of an unpadded forward
         ids[i, : len(e.ids)] = torch.tensor(e.ids)
         mask[i, : len(e.ids)] = 1
-        labels[i, e.first : len(e.ids)] = e.slot
+        labels[i, e.first : len(e.ids)] = torch.tensor(e.token_labels(), dtype=torch.long)
     return ids.to(device), mask.to(device), labels.to(device)
 
 
@@ -168,7 +203,7 @@ def _class_weights(examples: list[Example], n_slots: int) -> torch.Tensor:
     """Each slot's CE weight: inversely proportional to its routed tokens, so every present slot counts alike."""
     counts = torch.zeros(n_slots)
     for e in examples:
-        counts[e.slot] += max(1, len(e.ids) - e.first)
+        counts += torch.bincount(torch.tensor(e.token_labels() or [e.slot]), minlength=n_slots).float()
     return torch.where(counts > 0, counts.sum() / (counts.clamp(min=1) * (counts > 0).sum()), torch.zeros(()))
 
 
@@ -204,30 +239,25 @@ def routing_accuracy(
     pad_id: int,
     batch_size: int = 8,
 ) -> dict[str, Any]:
-    """Per held-out assistant turn: is the most chosen slot (tokens x layers) the transcript's label?"""
+    """Per held-out assistant turn: is the most chosen slot (tokens x layers) the turn's label? Per slot: the
+    accuracy, its turns, and the held-out conversations with a turn of it."""
     device = next(model.parameters()).device
     dec = _decoder(model)
     model.eval()
-    right = [0] * n_slots
-    total = [0] * n_slots
-    tok_right = tok_total = 0
+    tally = {"right": [0] * n_slots, "total": [0] * n_slots, "convs": [0] * n_slots, "tok": [0, 0]}
     trace.record = True
     try:
         for i in range(0, len(examples), batch_size):
             chunk = examples[i : i + batch_size]
-            ids, mask, labels = _batch(chunk, pad_id, device)
+            ids, mask, _ = _batch(chunk, pad_id, device)
             trace.clear()
             dec(input_ids=ids, attention_mask=mask, use_cache=False)
             for row, e in enumerate(chunk):
-                for s, t in e.turns:
-                    votes = turn_votes(trace.choices, row, s, t, n_slots)
-                    total[e.slot] += 1
-                    right[e.slot] += int(int(votes.argmax()) == e.slot)
-                    tok_right += int(votes[e.slot])
-                    tok_total += int(votes.sum())
+                _score(tally, e, [turn_votes(trace.choices, row, s, t, n_slots) for s, t in e.turns])
     finally:
         trace.record = False
         trace.clear()
+    right, total, (tok_right, tok_total) = tally["right"], tally["total"], tally["tok"]
     per = {names[s]: (round(right[s] / total[s], 4) if total[s] else None) for s in range(n_slots)}
     n = sum(total)
     return {
@@ -235,5 +265,17 @@ def routing_accuracy(
         "routing_accuracy_per_expert": per,
         "routing_turns": n,
         "routing_turns_per_expert": {names[s]: total[s] for s in range(n_slots)},
+        "routing_test_conversations": len(examples),
+        "routing_test_conversations_per_expert": {names[s]: tally["convs"][s] for s in range(n_slots)},
         "token_routing_accuracy": round(tok_right / tok_total, 4) if tok_total else None,
     }
+
+
+def _score(tally: dict[str, list[int]], e: Example, votes: list[torch.Tensor]) -> None:
+    for lab, v in zip(e.labels, votes, strict=True):
+        tally["total"][lab] += 1
+        tally["right"][lab] += int(int(v.argmax()) == lab)
+        tally["tok"][0] += int(v[lab])
+        tally["tok"][1] += int(v.sum())
+    for lab in set(e.labels):
+        tally["convs"][lab] += 1

@@ -1,5 +1,16 @@
-"""What a target conversation needs: the slot of the expert whose capability it lacks, from a diagnosis's labels
-(majority over labelling runs) or the rules detectors. MoE gates learn to route a target's turns by it."""
+"""What a target conversation needs, turn by turn: MoE gates learn to route a target's turns by it.
+
+The rule (the base's conversations on the target: a diagnosis's rollouts, `moe.data` entries with expert
+'needs', `moe.test_rollouts`, generated target rollouts):
+- the conversation's expert is the first (adapters' order) whose capability it LACKS: from a diagnosis's labels
+  (majority over labelling runs) or from the rules detectors; it lacks none of theirs -> base on every turn;
+- its turns are labelled base up to the turn where the rules detector of that capability locates the problem,
+  and the expert from that turn on. The detector locates it at the first assistant turn whose prefix of the
+  conversation (through the tool results answering that turn) it already labels LACKING: the write made without
+  reading its target, the call that was malformed, the first of the required operations after which the rest
+  went missing. Where it cannot (no detector for the capability, or the prefixes never show the problem, as when
+  a diagnosis's labels came from an LLM) every turn carries the expert.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +33,31 @@ def by_need(episodes: list[dict[str, Any]], names: list[str]) -> list[int]:
     from trace_cli.analysts.rules import needs
 
     return [need_slot(needs(ep, names), names) for ep in episodes]
+
+
+def problem_turn(episode: dict[str, Any], capability: str) -> int | None:
+    """The assistant turn (0-based, among assistant messages) where the rules detector of `capability` first
+    labels the conversation LACKING, read prefix by prefix; None when it has no detector or never does."""
+    from trace_cli.analysts.base import LACKING, Trajectory
+    from trace_cli.analysts.rules import DETECTORS
+
+    det = DETECTORS.get(capability)
+    if det is None:
+        return None
+    msgs = episode.get("messages") or []
+    turns = [i for i, m in enumerate(msgs) if m.get("role") == "assistant"]
+    for k in range(len(turns)):
+        end = turns[k + 1] if k + 1 < len(turns) else len(msgs)  # with the tool results answering turn k
+        if det(Trajectory.from_episode({**episode, "messages": msgs[:end]}))[0] == LACKING:
+            return k
+    return None
+
+
+def turn_labels(episode: dict[str, Any], slot: int, names: list[str]) -> list[int]:
+    """One slot per assistant turn of a target conversation whose expert is `slot` (the module's rule)."""
+    n = sum(1 for m in episode.get("messages") or [] if m.get("role") == "assistant")
+    at = problem_turn(episode, names[slot - 1]) if slot else None
+    return [0] * n if not slot else [0 if at is not None and k < at else slot for k in range(n)]
 
 
 def diagnosed(diag, rollouts, names: list[str]):

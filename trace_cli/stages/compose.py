@@ -1,9 +1,10 @@
 """Stage `compose`: combine per-capability LoRA adapters (same base) into a `composition` artifact.
 
-`router` (the paper) records experts and settings; `moe` (ours) trains token-level top-1 gates on labelled
-transcripts (an expert's environment teaches its slot; a target conversation teaches the slot of the expert whose
-capability it needs, from a diagnosis's labels or the rules detectors) and reports routing accuracy on held-out
-turns (of the agent's own conversations with `moe.test_rollouts`); `merge` saves PEFT's linear merge. Every check
+`router` (the paper) records experts and settings; `moe` (ours) trains token-level top-1 gates on transcripts
+labelled per assistant turn (`compose.moe_data`: by default each expert's own GRPO training episodes and the
+base's diagnosed target conversations, no new rollouts) and reports routing accuracy per held-out turn, per slot
+(in the composition's `moe` section; on the agent's own conversations with `moe.test_rollouts`); `merge` saves
+PEFT's linear merge. Every check
 (adapters exist, share the base, are at least two for a merge, gates fit the base) runs in `prepare`, before
 anything is written. The base is always a slot of router and moe (label A / slot 0), so they take one adapter:
 a composition then uses it only where it is chosen over the base. The artifact holds copies of the adapters, so it stays usable when they are collected.
@@ -24,7 +25,7 @@ from trace_cli.store.tables import GATE_METRICS
 NAME = "compose"
 OUTPUTS = {"composition": "composition"}
 METHOD_KEYS = ("router", "moe", "merge")
-NEEDS = "needs"  # moe.data's expert for target transcripts labelled with what each one needs
+NEEDS = "needs"  # moe.data's expert for target transcripts labelled per turn by what each one needs
 
 
 def _recorded_base(art) -> str | None:
@@ -175,14 +176,18 @@ def _prepare_moe(cfg, store: Store, adapters, base, extra) -> list[dict[str, Any
         test = store.resolve(m["test_rollouts"], kind="rollouts")
         extra["test_rollouts"] = test
         inputs.append(test.as_input("test_rollouts"))
-    if not data:
+    if not data:  # the adapters' own episodes; generated only what they and a diagnosis cannot give
+        from trace_cli.compose.moe_data import has_episodes
+
         seeds = parse_seeds(m["seeds"])
         for a in adapters:
-            if a["env"] is None:
+            if a["env"] is None and not has_episodes(a["art"]):
                 raise UsageError(
-                    f"adapter {a['ref']} records no environment; give moe.data (rollouts labelled with experts)"
+                    f"adapter {a['ref']} records no environment and kept no training episodes; give moe.data "
+                    "(rollouts labelled with experts)"
                 )
-            make_env(a["env"], store=store)
+            if not has_episodes(a["art"]):
+                make_env(a["env"], store=store)
         make_env(m["target"], store=store)
         policy = resolve_model(m["policy"], store)
         inputs.append(policy.as_input("data_policy"))
@@ -283,63 +288,44 @@ def _targets(base, path, experts) -> list[str]:
 
 
 def _transcripts(prepared: Prepared, store: Store, names: list[str]):
-    """(slot, messages, tools, key) for every labelled transcript: given rollouts, a diagnosis, or generated.
-    Target transcripts are labelled with what they need (`need_slot`), never base for every target turn."""
-    from trace_cli.compose.moe_train import Transcript
-    from trace_cli.compose.needs import as_episode, by_need, diagnosed
-    from trace_cli.store.rollouts import read_episodes
+    """The gates' labelled transcripts (`compose.moe_data` says from where) and how many were generated."""
+    from trace_cli.compose import moe_data
 
+    ex = prepared.extra
     slot = {"base": 0, **{n: i for i, n in enumerate(names, start=1)}}
-    out = []
-    for d in prepared.extra["data"]:
-        only_ok = d.get("success_only", d["expert"] not in ("base", NEEDS))
-        eps = [ep for ep in read_episodes(d["art"].path) if ep.get("success") or not only_ok]
-        slots = by_need(eps, names) if d["expert"] == NEEDS else [slot[d["expert"]]] * len(eps)
-        for i, (ep, s) in enumerate(zip(eps, slots, strict=True)):
-            out.append(Transcript(s, ep["messages"], ep.get("tools") or [], f"{d['art'].id}:{i}"))
-    if "diagnosis" in prepared.extra:
-        diag, rollouts = prepared.extra["diagnosis"]
-        for ep, s in diagnosed(diag, rollouts, names):
-            out.append(
-                Transcript(s, ep["messages"], ep.get("tools") or [], f"{rollouts.id}:{ep['episode_id']}")
-            )
-    if "policy" not in prepared.extra:  # moe.data given: nothing is generated
-        return out
+    out = moe_data.from_data(ex["data"], slot, names)
+    if "diagnosis" in ex:
+        out += moe_data.from_diagnosis(*ex["diagnosis"], names)
+    if "policy" not in ex:  # moe.data given: nothing else, nothing generated
+        return out, 0
+    envs = []
+    for a in ex["adapters"]:
+        if moe_data.has_episodes(a["art"]):
+            out += moe_data.from_training(a["art"], slot[a["name"]])
+        else:
+            envs.append((slot[a["name"]], a["env"]))
+    m = prepared.config["moe"]
+    if "diagnosis" not in ex:  # else the diagnosed conversations are the target's transcripts
+        envs.insert(0, (0, m["target"]))
+    if not envs:
+        return out, 0
     from trace_cli.compose.policy import load_policy
     from trace_cli.config.sampling import SamplingSettings
-    from trace_cli.envs.registry import make_env
-    from trace_cli.envs.rollout import rollout
 
-    m = prepared.config["moe"]
     sampling = SamplingSettings.of(m).policy_kwargs()
-    policy = load_policy(prepared.extra["policy"], **sampling, seed=prepared.config["seed"])
-    jobs = [(s, 0) for s in prepared.extra["seeds"]]
-    envs = [(slot[a["name"]], a["env"]) for a in prepared.extra["adapters"]]
-    if "diagnosis" not in prepared.extra:  # else the diagnosed conversations are the target's transcripts
-        envs.insert(0, (0, m["target"]))
-    for s, env in envs:
-        results = rollout(policy, lambda env=env: make_env(env, store=store), jobs, max_turns=m["max_turns"])
-        if s == 0:  # the target's conversations: each labelled with what it needs
-            eps = [as_episode(r) for r in results]
-            for r, need in zip(results, by_need(eps, names), strict=True):
-                out.append(Transcript(need, r.messages, r.tools, f"0:{r.seed}"))
-            continue
-        out += [Transcript(s, r.messages, r.tools, f"{s}:{r.seed}") for r in results if r.success]
-    return out
+    policy = load_policy(ex["policy"], **sampling, seed=prepared.config["seed"])
+    jobs = [(s, 0) for s in ex["seeds"]]
+    made = moe_data.generated(policy, store, jobs, m["max_turns"], envs, names)
+    return out + made, len(jobs) * len(envs)
 
 
 def _test_transcripts(prepared: Prepared, names: list[str]):
-    """The agent's own held-out conversations (moe.test_rollouts), labelled by need."""
-    from trace_cli.compose.moe_train import Transcript
-    from trace_cli.compose.needs import by_need
+    """The agent's own held-out conversations (moe.test_rollouts), labelled per turn by need."""
+    from trace_cli.compose.moe_data import by_need_per_turn
     from trace_cli.store.rollouts import read_episodes
 
     art = prepared.extra["test_rollouts"]
-    eps = read_episodes(art.path)
-    return [
-        Transcript(s, ep["messages"], ep.get("tools") or [], f"{art.id}:{ep['episode_id']}")
-        for ep, s in zip(eps, by_need(eps, names), strict=True)
-    ]
+    return by_need_per_turn(read_episodes(art.path), names, art.id)
 
 
 def _run_moe(prepared: Prepared, store: Store, path, doc, experts, gates_file: str) -> dict[str, Any]:
@@ -405,6 +391,9 @@ def _run_moe(prepared: Prepared, store: Store, path, doc, experts, gates_file: s
         summary.update(
             routing_accuracy(model, trace, test, n_slots=n_slots, names=["base"] + names, pad_id=pad)
         )
+        from trace_cli.compose.moe_data import routing_report
+
+        doc["moe"] = routing_report(summary)
     save_gates(path / gates_file, layers, base_digest=base.digest, experts=names)
     doc["targets"] = targets
     doc["gates"] = {
@@ -422,9 +411,9 @@ def _gate_examples(prepared: Prepared, store: Store, tok, names: list[str], summ
     from trace_cli.compose.moe_train import build_examples, split
 
     m = prepared.config["moe"]
-    transcripts = _transcripts(prepared, store, names)
+    transcripts, summary["generated_episodes"] = _transcripts(prepared, store, names)
     test = []
-    counts = {n: sum(1 for t in transcripts if t.slot == s) for s, n in enumerate(["base"] + names)}
+    counts = {n: sum(1 for t in transcripts if s in t.turn_labels()) for s, n in enumerate(["base"] + names)}
     empty = [n for n, c in counts.items() if c < 2]
     if empty:
         raise UsageError(
@@ -437,8 +426,8 @@ def _gate_examples(prepared: Prepared, store: Store, tok, names: list[str], summ
         train = examples
         test = build_examples(tok, _test_transcripts(prepared, names), m["max_length"])
         summary["routing_test_episodes"] = {
-            n: sum(1 for e in test if e.slot == s) for s, n in enumerate(["base"] + names)
+            n: sum(1 for e in test if s in e.labels) for s, n in enumerate(["base"] + names)
         }
     else:
-        train, test = split(examples, m["held_out"], prepared.config["seed"])
+        train, test = split(examples, m["held_out"], prepared.config["seed"], m["held_out_min"])
     return train, test, counts

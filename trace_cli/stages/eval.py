@@ -148,46 +148,22 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
 
 def _episode_rows(results: list[Any], prepared: Prepared):
     """(episodes, tool calls, task metadata by task id) of the rollout results, as the tables store them."""
-    from trace_cli.store.rollouts import tool_call_rows
+    from trace_cli.store.rollouts import result_row
 
     episodes: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
     metas: dict[str, dict[str, Any]] = {}
     for r in results:
-        eid = f"{r.task_id}-t{r.trial}"
         meta = r.metadata or {}
         ref = meta.get("reference_actions")
-        episodes.append(
-            {
-                "episode_id": eid,
-                "source": f"eval:{prepared.id}",
-                "env": r.env,
-                "domain": r.env,
-                "task_id": r.task_id,
-                "task_family": meta.get("family"),
-                "trial": r.trial,
-                "seed": r.seed,
-                "reward": r.reward,
-                "success": r.success,
-                "termination_reason": r.termination,
-                "n_turns": r.n_actions,
-                "messages": json.dumps(r.messages, ensure_ascii=False),
-                "tools": json.dumps(r.tools, ensure_ascii=False),
-                "reference_actions": None if ref is None else json.dumps(ref, ensure_ascii=False),
-                "info": json.dumps(
-                    {
-                        "policy": prepared.config["model"],
-                        "breakdown": r.breakdown,
-                        "gen_tokens": r.gen_tokens,
-                        "n_errors": r.n_errors,
-                    },
-                    ensure_ascii=False,
-                    default=str,
-                ),
-            }
-        )
-        rows = tool_call_rows(eid, r.messages)
-        episodes[-1]["n_tool_calls"] = len(rows)
+        info = {
+            "policy": prepared.config["model"],
+            "breakdown": r.breakdown,
+            "gen_tokens": r.gen_tokens,
+            "n_errors": r.n_errors,
+        }
+        ep, rows = result_row(r, f"{r.task_id}-t{r.trial}", f"eval:{prepared.id}", info)
+        episodes.append(ep)
         calls.extend(rows)
         metas[r.task_id] = {
             "task_id": r.task_id,

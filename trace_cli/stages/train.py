@@ -356,9 +356,11 @@ def _write_adapter(w, prepared: Prepared, ref, spec, rows, result, world: int, a
     resolved settings, and the summary."""
     from trace_cli.training import checks
     from trace_cli.training.checkpoints import copy_adapter
+    from trace_cli.training.episode_log import EPISODES_DIR, collect
     from trace_cli.training.metrics import rollouts_after
 
     copy_adapter(adapter_dir, w.path / ADAPTER_DIR)
+    kept = collect(os.path.join(spec.output_dir, EPISODES_DIR), w.path, max_step=result.global_step)
     checks.save_tokenizer(ref.path, w.path / ADAPTER_DIR)
     GRPO_METRICS.write(rows, w.path)
     resolved = {
@@ -378,7 +380,7 @@ def _write_adapter(w, prepared: Prepared, ref, spec, rows, result, world: int, a
     (w.path / RESOLVED_CONFIG_FILE).write_text(
         json.dumps(resolved, indent=2, sort_keys=True, default=str) + "\n"
     )
-    w.summary.update(_grpo_summary(prepared, ref, rows, result, world))
+    w.summary.update(_grpo_summary(prepared, ref, rows, result, world), training_episodes=kept)
 
 
 def _publish_snapshots(prepared: Prepared, store: Store, spec, rows, result, world: int) -> dict[str, str]:

@@ -187,3 +187,40 @@ def read_episodes(artifact_dir: Path) -> list[dict[str, Any]]:
             if r.get(k) is not None:
                 r[k] = json.loads(r[k])
     return rows
+
+
+def result_row(
+    r: Any,
+    episode_id: str,
+    source: str,
+    info: dict[str, Any],
+    *,
+    messages: list[dict[str, Any]] | None = None,
+    trial: int | None = None,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(episode row, tool-call rows) of one rollout result (`envs.rollout.EpisodeResult`) as the tables store it;
+    `messages`/`trial` replace the result's own."""
+    meta = r.metadata or {}
+    ref = meta.get("reference_actions")
+    messages = r.messages if messages is None else messages
+    calls = tool_call_rows(episode_id, messages)
+    row = {
+        "episode_id": episode_id,
+        "source": source,
+        "env": r.env,
+        "domain": r.env,
+        "task_id": r.task_id,
+        "task_family": meta.get("family"),
+        "trial": r.trial if trial is None else trial,
+        "seed": r.seed,
+        "reward": r.reward,
+        "success": r.success,
+        "termination_reason": r.termination,
+        "n_turns": r.n_actions,
+        "n_tool_calls": len(calls),
+        "messages": _json_text(messages),
+        "tools": _json_text(r.tools),
+        "reference_actions": None if ref is None else _json_text(ref),
+        "info": json.dumps(info, ensure_ascii=False, default=str),
+    }
+    return row, calls

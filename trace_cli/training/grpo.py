@@ -153,6 +153,7 @@ def train_grpo(spec: GRPOSpec) -> GRPOResult:
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     holder["trainer"] = trainer
+    stats["episode_log"] = _episode_log(spec, trainer.accelerator.process_index)
     unwrapped = trainer.accelerator.unwrap_model(trainer.model)
     trainable = sum(p.numel() for p in unwrapped.parameters() if p.requires_grad)
     total = sum(p.numel() for p in unwrapped.parameters())
@@ -187,6 +188,23 @@ def train_grpo(spec: GRPOSpec) -> GRPOResult:
         validation,
         last,
     )
+
+
+def _episode_log(spec: GRPOSpec, rank: int):
+    """Where the run keeps its episodes (output_dir/episodes); a resumed run drops those after its checkpoint."""
+    from trace_cli.training.episode_log import EPISODES_DIR, EpisodeLog
+
+    if not spec.episodes_kept:
+        return None
+    log = EpisodeLog(
+        Path(spec.output_dir) / EPISODES_DIR,
+        kept=spec.episodes_kept,
+        max_steps=spec.max_steps,
+        group=spec.num_generations,
+        rank=rank,
+    )
+    log.drop_after(checkpoint_step(spec.resume_from) if spec.resume_from else 0)
+    return log
 
 
 def _grpo_config(spec: GRPOSpec, *, cuda: bool, bf16: bool):

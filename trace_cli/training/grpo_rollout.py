@@ -102,6 +102,8 @@ def make_rollout_func(spec: GRPOSpec, tokenizer, max_context: int, state: dict[s
             hints = hinted(hint_share, spec.num_generations)
             kw = {"max_turns": sampling.max_turns, "batch_size": spec.rollout_batch_size}
             results, seqs = group_episodes(policy, spec.make_env, seeds, hints, **kw)
+        if state.get("episode_log") is not None:  # the adapter keeps them (`episode_log`)
+            state["episode_log"].write(trainer.state.global_step + 1, results, hints, "grpo")
         state["rollout_s"] = state.get("rollout_s", 0.0) + time.monotonic() - t0
         state["episodes"] = state.get("episodes", 0) + len(results)
         state["gen_tokens"] = state.get("gen_tokens", 0) + sum(r.gen_tokens for r in results)

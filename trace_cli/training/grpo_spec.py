@@ -52,6 +52,7 @@ class GRPOSpec:
     seed: int
     report_to: str  # none | tensorboard | trackio: TRL's live metrics integrations
     logging_dir: str | None  # tensorboard event files (the stage resolves null to STORE/logs/train/ID)
+    episodes_kept: int  # at most this many training episodes kept under output_dir/episodes (`episode_log`)
     snapshot_steps: Sequence[int]  # also save the adapter after these steps: output_dir/snapshots/step-N
     # early stopping (training.validation): seeds, every, patience, min_delta
     validation: Mapping[str, Any] | None
