@@ -81,6 +81,14 @@ def run_trace(
     return Trace(b, s, target, base, seed, base_ev).run()
 
 
+def charge_moe(sp: dict[str, int], moe_eval: dict[str, Any]) -> None:
+    """Add the episodes the MoE's composition generated for its gates (none when the adapters kept their own
+    training episodes and a diagnosis labels the target's) to a configuration's spend."""
+    gen = int((moe_eval.get("routing") or {}).get("generated_episodes") or 0)
+    sp["moe"] = sp.get("moe", 0) + gen
+    sp["total"] += gen
+
+
 class Trace:
     """One training seed of TRACE on one target; `fixed` is what it spent before GRPO (every rollout counted)."""
 
@@ -168,7 +176,9 @@ class Trace:
         if not envs:
             return {B: {**common, "spent": {**fixed, "total": sum(fixed.values())}} for B in s.budgets}
         self.order = order = [c for c in selected if c in envs]  # diagnosis rank: the gates' slot order
-        fixed["moe"] = s.moe_seeds * len(envs)  # the gates' expert transcripts (one adapter has gates too)
+        # the gates learn from the adapters' own training episodes and the diagnosed conversations (paid for);
+        # any episodes compose must generate beyond those are charged when it has run (`charge_moe`)
+        fixed["moe"] = 0
         reuse = {
             c: ((envs[c].summary.get("calibration_rollouts") or {}).get("episodes", 0) // per_step)
             for c in order
@@ -206,12 +216,14 @@ class Trace:
                 r[f"constant_groups{sfx}"] = {
                     c: adapters[c].summary.get("frac_constant_groups") for c in order
                 }
-                if acc == "all" and sp["total"] > B:
-                    r["over_budget"] = (
-                        f"spent {sp['total']} rollouts of {B} (the fixed cost alone is {sum(fixed.values())})"
-                    )
                 last = B == max(s.budgets) and acc == "all"
                 comps = self.compositions(adapters, last, f"{acc}-{B}")
+                if acc == "all":
+                    charge_moe(sp, comps["moe"])
+                    if sp["total"] > B:
+                        r["over_budget"] = (
+                            f"spent {sp['total']} rollouts of {B} (the fixed cost alone is {sum(fixed.values())})"
+                        )
                 for m, e in comps.items():
                     r[f"{m}{sfx}"] = e["pass@1"]
                     r[f"families_{m}{sfx}"] = e["families"]
@@ -258,7 +270,13 @@ class Trace:
         comp = comp.outputs["composition"]
         ev = self.eval(f"eval/{method}/{tag}", comp.uri)
         if method == "moe":
-            keys = ("routing_accuracy", "routing_accuracy_per_expert", "routing_test_episodes", "transcripts")
+            keys = (
+                "routing_accuracy",
+                "routing_accuracy_per_expert",
+                "routing_test_episodes",
+                "transcripts",
+                "generated_episodes",
+            )
             ev["routing"] = {k: comp.summary.get(k) for k in keys}
         return ev
 

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from se import plan, results, settings, stats
+from se import methods, plan, results, settings, stats
 
 
 def _run(budget, seed, base, grpo, moe, router=None, target="shop-mixed", **over):
@@ -463,3 +463,11 @@ def test_a_killed_run_resumes_where_it_stopped(tmp_path, run_benchmark):
     assert set(by_seed) == {0, 1} and not partial.exists()
     assert by_seed[0]["tasks_grpo_target"] == seed0["tasks_grpo_target"] and seed0["grpo_rollouts"] == 16
     assert len(by_seed[1]["tasks_grpo_target"]) == 4 and len(by_seed[1]["tasks_base"]) == 4
+
+
+def test_the_moe_is_charged_what_its_composition_generated():
+    sp = {"diagnosis": 100, "calibration": 0, "moe": 0, "total": 700}
+    methods.charge_moe(sp, {"routing": {"generated_episodes": 0}})
+    assert sp["moe"] == 0 and sp["total"] == 700  # own training episodes + the diagnosis: nothing new
+    methods.charge_moe(sp, {"routing": {"generated_episodes": 24}})
+    assert sp["moe"] == 24 and sp["total"] == 724
