@@ -149,9 +149,11 @@ def test_selection_by_agreement_across_bootstrap_seeds(retail_store):
     st = Store(retail_store)
     base = {"rollouts": "store://rollouts/retail", "analyst": "rules"}
 
+    arts = []
+
     def doc_of(**cfg):
-        art = execute("diagnose", {**base, **cfg}, st).main
-        return yaml.safe_load((art.path / "capabilities.yaml").read_text())
+        arts.append(execute("diagnose", {**base, **cfg}, st).main)
+        return yaml.safe_load((arts[-1].path / "capabilities.yaml").read_text())
 
     singles = [doc_of(seed=b, bootstrap_seeds=1, coverage_min=0.3) for b in range(4)]
     agreed = doc_of(seed=0, bootstrap_seeds=4, agreement=0.5, coverage_min=0.3)
@@ -163,3 +165,7 @@ def test_selection_by_agreement_across_bootstrap_seeds(retail_store):
     freqs = {c["selection_frequency"] for c in agreed["selected"] + agreed["rejected"]}
     assert freqs - {0.0, 1.0}, freqs  # the seeds disagree on some capability: agreement decides it
     assert {c["selection_frequency"] for d in singles for c in d["selected"] + d["rejected"]} <= {0.0, 1.0}
+    # the whole choice's stability: the share of seeds whose selection is exactly the agreed set
+    same = sum({c["name"] for c in d["selected"]} == {c["name"] for c in agreed["selected"]} for d in singles)
+    assert arts[-1].summary["selection_set_agreement"] == same / 4 < 1
+    assert arts[-1].summary["bootstrap_seeds"] == 4 and arts[0].summary["selection_set_agreement"] == 1.0

@@ -141,3 +141,10 @@ def agreement(selections: list[list[Selection]]) -> dict[str, float]:
     return {
         c: sum(any(s.capability == c and s.selected for s in sel) for sel in selections) / n for c in caps
     }
+
+
+def set_agreement(selections: list[list[Selection]], agreed: set[str]) -> float:
+    """The share of bootstrap seeds whose selection is exactly the agreed set (the stability the diagnosis
+    reports: one number for the whole choice, where `agreement` gives each capability's)."""
+    n = len(selections) or 1
+    return sum({s.capability for s in sel if s.selected} == agreed for sel in selections) / n

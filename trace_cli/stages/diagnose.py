@@ -5,6 +5,7 @@ schema-validated), labels.parquet (view `labels`), candidates.yaml and per-run s
 
 from __future__ import annotations
 
+import copy
 import random
 import sys
 from collections import Counter
@@ -13,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from trace_cli.analysts.aggregate import agreement, run_stats, select
+from trace_cli.analysts.aggregate import agreement, run_stats, select, set_agreement
 from trace_cli.analysts.base import Candidate
 from trace_cli.config import safe_yaml
 from trace_cli.config.loading import load_document
@@ -205,6 +206,9 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
                 "failed": n_fail,
                 "analyst": cfg["analyst"],
                 "label_errors": n_err,
+                # the share of bootstrap seeds that selected exactly this set
+                "selection_set_agreement": round(freq["__set__"], 4),
+                "bootstrap_seeds": n_seeds,
             }
         )
 
@@ -272,10 +276,12 @@ def _select_by_agreement(
         for s in seeds
     ]
     freq = agreement(sels)
-    sel = sels[0]
+    agreed = {c for c, f in freq.items() if f >= cfg["agreement"] - 1e-12}
+    sel = [copy.copy(s) for s in sels[0]]
     for s in sel:
-        s.selected = freq[s.capability] >= cfg["agreement"] - 1e-12
+        s.selected = s.capability in agreed
     sel.sort(key=lambda s: (not s.selected, -s.mean_delta, s.capability))
+    freq["__set__"] = set_agreement(sels, agreed)
     return sel, freq, len(seeds)
 
 
