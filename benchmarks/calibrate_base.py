@@ -50,9 +50,14 @@ def train_and_eval(st, base: str, env: str, a) -> dict:
     cfg |= {"per_device_batch_size": 64, "gradient_accumulation_steps": 1, "learning_rate": 0.002}
     cfg |= {"temperature": 1.0, "max_completion_length": 1024, "max_new_tokens": 120, "max_turns": 12}
     cfg |= {"checkpoint_every": 0, "reuse_calibration": min(reuse, a.train_steps)}
+    if a.validation:
+        cfg["validation"] = {"seeds": a.validation, "every": 4, "patience": 2}
     t0 = time.monotonic()
     adapter = execute("train", cfg, st).main
-    out = {"train": {k: cfg[k] for k in ("max_steps", "learning_rate", "reuse_calibration")}}
+    out = {
+        "train": {k: cfg.get(k) for k in ("max_steps", "learning_rate", "reuse_calibration", "validation")}
+    }
+    out["validation"] = adapter.summary.get("validation")
     out["train_s"] = round(time.monotonic() - t0, 1)
     for who, model in (("base", base), ("adapter", adapter.uri)):
         ev = {"model": model, "env": env, "seeds": a.eval_seeds, "max_new_tokens": 120, "max_turns": 12}
@@ -75,6 +80,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-steps", type=int, default=0, help="then train a GRPO adapter this many steps")
     ap.add_argument("--eval-seeds", default="1000000:1000100", help="held-out seeds of the environment")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--target", default="shop", help="the target whose tools the environment keeps")
+    ap.add_argument("--tools", default="needed", choices=("needed", "target"))
+    ap.add_argument(
+        "--diagnosis",
+        default=None,
+        help="a diagnosis in --store (store://diagnosis/NAME) of the base's target conversations: its LACKING "
+        "conversations shape the environment (default: one written here that selects the capability alone)",
+    )
+    ap.add_argument(
+        "--validation",
+        default=None,
+        help="seeds A:B of the environment for the adapter's early stopping (every 4 steps, patience 2)",
+    )
     a = ap.parse_args(argv)
     from trace_cli.errors import CheckFailed
     from trace_cli.stages.base import execute
@@ -89,8 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         "max_attempts": a.max_attempts,
         "max_new_tokens": 120,  # as training samples: the admitted attempt's episodes become its first steps
     }
-    cfg = {"diagnosis": write_diagnosis(st, a.capability), "capability": a.capability, "model": base.uri}
-    cfg |= {"target": "shop", "tools": "needed", "calibration": cal, "max_turns": 12}
+    diagnosis = a.diagnosis or write_diagnosis(st, a.capability)
+    cfg = {"diagnosis": diagnosis, "capability": a.capability, "model": base.uri}
+    cfg |= {"target": a.target, "tools": a.tools, "calibration": cal, "max_turns": 12}
     if a.level is not None:
         cfg["params"] = {"level": a.level}
     t0, out = time.monotonic(), {"command": " ".join(sys.argv), "config": cfg}
@@ -98,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         env = execute("synthesize", cfg, st).main
         doc = yaml.safe_load((Path(env.path) / "environment.yaml").read_text())
         attempts, out["passed"] = doc["calibration"]["attempts"], True
+        out["shaped_by"] = doc.get("shaped_by")
     except CheckFailed as e:
         attempts, out["passed"] = e.details["attempts"], False
     last = attempts[-1]
