@@ -169,7 +169,8 @@ class FusedStep:
                     parts.append(a)
                     biases.append(None)
                     self.a_rows[i, e] = len(parts) - 1  # its part of the split output
-                    self.bt[i, e] = getattr(m, f"lora_B_{e}").t().unsqueeze(0)
+                    # B transposed, contiguous: baddbmm reads it row by row (a strided B copies first)
+                    self.bt[i, e] = getattr(m, f"lora_B_{e}").t().contiguous().unsqueeze(0)
                     at += a.shape[0]
         d, k = self.members[0].in_features, self.n_slots * len(self.members)
         halves = [slice(0, d)] + ([slice(d, 2 * d)] if context else [])
@@ -196,7 +197,7 @@ class FusedStep:
         """`layer`'s output for the token x (one_token, [1, 1, d]), or None where this path does not apply."""
         if self._x is not x or self._forward != trace.forwards:
             # checked at a sequence's first step (weights or gates do not change between decode steps)
-            if self._forward != trace.forwards - 1 and self._stale():
+            if (not self._watch or self._forward != trace.forwards - 1) and self._stale():
                 self._build(trace.context)
             if not self.ok or x.dtype != self.w.dtype or x.dim() != 3:
                 return None
