@@ -177,7 +177,12 @@ class FusedStep:
         for half in halves:  # the gates' input half, then their context half
             for m in self.members:
                 parts.append(m.gate.weight.detach()[:, half])
-                biases.append(getattr(m.gate, "bias", None) if half.start == 0 else None)
+                biases.append(None)
+        # the gates' biases are added on the host (their logits are read there): no bias in the matmul for them
+        gb = [getattr(m.gate, "bias", None) for m in self.members]
+        self.gate_bias = None
+        if any(b is not None for b in gb):
+            self.gate_bias = [v for b in gb for v in (b.tolist() if b is not None else [0.0] * self.n_slots)]
         self.sizes = [p.shape[0] for p in parts[: len(parts) - len(halves) * len(self.members)]]
         self.sizes.append(k * len(halves))  # the gates' logits: one part
         w = torch.cat(parts)
@@ -209,6 +214,8 @@ class FusedStep:
         g = parts[-1].tolist()[0][0]
         n, k = self.n_slots, self.n_slots * len(self.members)
         logits = g[:k]
+        if self.gate_bias is not None:
+            logits = [v + b for v, b in zip(logits, self.gate_bias, strict=True)]
         if trace.context:
             logits = [v + c for v, c in zip(logits, self._context(x, g[k:], trace), strict=True)]
         self._x, self._forward, out = x, trace.forwards, {}
