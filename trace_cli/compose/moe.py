@@ -10,7 +10,10 @@ Training computes only the chosen expert's delta, tokens grouped by expert. Infe
 the experts batched, with no per-expert Python work and no host sync: one matmul with every expert's A
 stacked, the rows of the experts a token did not choose zeroed by its gate weight, one matmul with the B's
 stacked (the same sum: unchosen experts add exactly zero). Layers fed the same input tensor (q/k/v, gate/up)
-share its gate context and gate input, and a decode step (one new token) updates the context in O(1).
+share its gate context and gate input, and a decode step (one new token) updates the context in O(1); a
+prefill scans the context under the gates' context columns (the average is linear: a few columns, not d).
+A batch-1 decode step on CPU runs each such group as one matmul (moe_infer.FusedStep: base weights, every
+expert's A and the gates stacked), reads the choices on the host and applies only the chosen B's.
 Routing is per token, so KV-cached generation works unchanged (each new token is routed when computed).
 """
 
@@ -90,13 +93,13 @@ class RoutingTrace:
         if n != 1:
             self._apow = {}  # only decode steps keep it (context_mean's updates do not)
 
-    # A server's running batch gains and loses rows between tokens (serve.engine): the gates' running context
-    # is per row, so it follows the rows.
     def settle(self) -> None:
         """Write the gate context that batch-1 decode steps (FusedStep) keep pending into `state`."""
         for step in list(self.unsettled.values()):
             step.settle(self)
 
+    # A server's running batch gains and loses rows between tokens (serve.engine): the gates' running context
+    # is per row, so it follows the rows.
     def take_rows(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """The running context of every row (and none is left): before new rows are prefilled."""
         self.settle()
@@ -227,8 +230,8 @@ def _decay(k: int, a: float, device, dtype) -> tuple[torch.Tensor, torch.Tensor]
         steps = torch.arange(k, device=device, dtype=dtype)
         decay = torch.tril(a ** (steps.view(-1, 1) - steps.view(1, -1)).clamp(min=0))
         decay = decay * torch.tril(torch.ones(k, k, device=device, dtype=dtype))
-        if len(_DECAYS) > 256:
-            _DECAYS.clear()
+        if len(_DECAYS) >= 8:  # up to 1 MiB each (512 x 512): a prompt's last chunk has any length
+            _DECAYS.pop(next(iter(_DECAYS)))
         _DECAYS[key] = (decay, a ** (steps + 1))
     return _DECAYS[key]
 

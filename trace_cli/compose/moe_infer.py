@@ -197,6 +197,7 @@ class FusedStep:
             for m, (lo, hi) in zip(self.members, self.base_rows, strict=True):
                 m.base_layer.weight.data = w[lo:hi]
         self.w = w
+        self.plan = [(i, id(m), m._has, m.layer_name) for i, m in enumerate(self.members)]
 
     def output(self, layer: GatedLoraLinear, x: torch.Tensor, trace: RoutingTrace) -> torch.Tensor | None:
         """`layer`'s output for the token x (one_token, [1, 1, d]), or None where this path does not apply."""
@@ -218,18 +219,18 @@ class FusedStep:
             logits = [v + b for v, b in zip(logits, self.gate_bias, strict=True)]
         if trace.context:
             logits = [v + c for v, c in zip(logits, self._context(x, g[k:], trace), strict=True)]
-        self._x, self._forward, out = x, trace.forwards, {}
-        for i, m in enumerate(self.members):
+        self._x, self._forward, out, exp = x, trace.forwards, {}, math.exp
+        for i, key, has, name in self.plan:
             row = logits[i * n : (i + 1) * n]
             top = max(row)
             e = row.index(top)  # torch's max: the first slot on ties
             if trace.record:
-                trace.choices.append((m.layer_name, torch.tensor([[e]], device=x.device)))
-            y = parts[i]
-            if e and m._has[e]:
-                p = 1.0 / sum(math.exp(v - top) for v in row)  # its softmax probability
-                y = torch.baddbmm(y, parts[self.a_rows[i, e]], self.bt[i, e], alpha=p)
-            out[id(m)] = y
+                trace.choices.append((name, torch.tensor([[e]], device=x.device)))
+            if e and has[e]:
+                p = 1.0 / sum(exp(v - top) for v in row)  # its softmax probability
+                out[key] = torch.baddbmm(parts[i], parts[self.a_rows[i, e]], self.bt[i, e], alpha=p)
+            else:
+                out[key] = parts[i]
         self._out = out
 
     def _context(self, x: torch.Tensor, u_ctx: list[float], trace: RoutingTrace) -> list[float]:
