@@ -10,7 +10,9 @@ LoRA merged into its weights (what serving a single adapter costs).
    reports the median tokens/s and the ratio to the merged-LoRA baseline (prefill included), and the same
    for decode steps alone (`decode_ratio`: the prompt prefilled once, then one token per forward). Methods
    are timed interleaved, round by round, so a shared machine's changing load moves them alike. The router's time includes its
-   classifier forward pass and the weight merge (once per conversation).
+   classifier forward pass and the weight merge (once per conversation): the classifier feeds the conversation
+   and its question after the skill list's keys/values (the same in every conversation, computed at the policy's
+   first classification, in the warm-up round), and on a CPU the merged weights of the last mix stay resident.
 
 Goals (issues 13, 24): moe >= 0.8x, router >= 0.95x of the merged-LoRA baseline.
 
@@ -21,14 +23,14 @@ Goals (issues 13, 24): moe >= 0.8x, router >= 0.95x of the merged-LoRA baseline.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from common import command, machine, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "compose"))
@@ -211,20 +213,15 @@ def main() -> int:
     for s in skipped:
         print(f"skipped {s}")
     result = {
+        "command": command(),
         "rows": rows,
         "skipped": skipped,
         "tokens": tokens,
         "repeats": repeats,
         "goals": GOALS,
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "threads": torch.get_num_threads(),
-        },
+        "machine": machine("torch", "transformers", threads=torch.get_num_threads()),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    print(f"wrote {write_result(args.out, result)}")  # stamped with the commit and whether the tree was dirty
     return 0
 
 

@@ -315,3 +315,66 @@ def test_single_token_decode_path_equals_the_batched_path(loaded):
     # decode steps (one token each) chose different slots, experts among them, within and across layers
     decode = {int(idx.reshape(-1)[0]) for _, idx in fast_choices if idx.numel() == 1}
     assert len(decode) >= 2 and max(decode) > 0, decode
+
+
+def _run_with_continuation(model, enc, n: int, trace):
+    """_steps, then one forward of three more tokens on the cache (a multi-token continuation, which reads the
+    gate context the decode steps left), and the gate context state after it."""
+    logits, choices = _steps(model, enc, n, trace)
+    trace.record = True
+    with torch.no_grad():
+        out = model(**enc, use_cache=True)
+        am = enc["attention_mask"]
+        for _ in range(n):
+            ids = out.logits[:, -1:].argmax(-1)
+            am = torch.cat([am, am.new_ones(1, 1)], 1)
+            out = model(input_ids=ids, attention_mask=am, past_key_values=out.past_key_values)
+        am = torch.cat([am, am.new_ones(1, 3)], 1)
+        more = model(
+            input_ids=enc["input_ids"][:, -3:], attention_mask=am, past_key_values=out.past_key_values
+        )
+    trace.record = False
+    return logits, choices, more.logits, {k: (e.clone(), c.clone()) for k, (e, c) in trace.state.items()}
+
+
+def test_fused_decode_step_with_gate_biases_and_a_pending_context_equals_the_batched_path(moe_art, tiny):
+    """The batch-1 CPU decode step (compose.moe_infer.FusedStep: one matmul per group of layers fed the same
+    input, base weights as views of its stack, the gate context kept in logit space and written to the trace
+    only when read) against the batched path: same routing, logits within 1e-5, over decode steps that write
+    their pending context midway (PENDING) and a multi-token continuation that reads it; gates with biases."""
+    from trace_cli.compose import moe_infer
+    from trace_cli.compose.policy import load_model
+    from trace_cli.models.chat import render
+
+    model, tok, _doc, extra = load_model(moe_art.path, tiny.hf)
+    g = torch.Generator().manual_seed(3)
+    for layer in extra["layers"].values():  # gates with a bias (as Linear(bias=True) gates load)
+        gate = torch.nn.Linear(layer.gate.in_features, layer.gate.out_features, bias=True)
+        with torch.no_grad():
+            gate.weight.copy_(layer.gate.weight)
+            gate.bias.copy_(torch.randn(gate.out_features, generator=g) * 0.5)
+        layer.gate = gate
+    ep = _episode("cx-tcp", 5)
+    enc = tok([render(tok, ep.messages[:3], ep.tools, add_generation_prompt=True)], return_tensors="pt")
+    trace, pending = extra["trace"], moe_infer.PENDING
+    moe_infer.PENDING = 4  # the pending context is written every 4 steps, and read by the continuation
+    try:
+        with torch.no_grad():
+            fast = _run_with_continuation(model, enc, 10, trace)
+            moe_infer._FAST[0] = False
+            slow = _run_with_continuation(model, enc, 10, trace)
+    finally:
+        moe_infer._FAST[0], moe_infer.PENDING = True, pending
+    assert [n for n, _ in fast[1]] == [n for n, _ in slow[1]]
+    for (_, a), (_, b) in zip(fast[1], slow[1], strict=True):
+        assert torch.equal(a.reshape(-1), b.reshape(-1))
+    assert (fast[0] - slow[0]).abs().max() <= 1e-5 and (fast[2] - slow[2]).abs().max() <= 1e-5
+    assert fast[3].keys() == slow[3].keys()
+    for k, (e, c) in fast[3].items():
+        assert torch.allclose(e, slow[3][k][0], atol=1e-5) and torch.equal(c, slow[3][k][1]), k
+    decode = {int(idx.reshape(-1)[0]) for _, idx in fast[1] if idx.numel() == 1}
+    assert len(decode) >= 2 and max(decode) > 0, decode
+    # the base weights are views of each group's stack (no second copy)
+    for layer in extra["layers"].values():
+        step = layer._step[0]
+        assert layer.base_layer.weight.untyped_storage().data_ptr() == step.w.untyped_storage().data_ptr()

@@ -10,13 +10,17 @@ Training computes only the chosen expert's delta, tokens grouped by expert. Infe
 the experts batched, with no per-expert Python work and no host sync: one matmul with every expert's A
 stacked, the rows of the experts a token did not choose zeroed by its gate weight, one matmul with the B's
 stacked (the same sum: unchosen experts add exactly zero). Layers fed the same input tensor (q/k/v, gate/up)
-share its gate context and gate input, and a decode step (one new token) updates the context in O(1).
+share its gate context and gate input, and a decode step (one new token) updates the context in O(1); a
+prefill scans the context under the gates' context columns (the average is linear: a few columns, not d).
+A batch-1 decode step on CPU runs each such group as one matmul (moe_infer.FusedStep: base weights, every
+expert's A and the gates stacked), reads the choices on the host and applies only the chosen B's.
 Routing is per token, so KV-cached generation works unchanged (each new token is routed when computed).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +37,7 @@ from trace_cli.compose.gate_files import (
     read_gates,
     save_gates,
 )
-from trace_cli.compose.moe_infer import SIBLINGS, SiblingGates, _one_token, _top1
+from trace_cli.compose.moe_infer import _FAST, SIBLINGS, FusedStep, SiblingGates
 
 
 @dataclass
@@ -50,7 +54,10 @@ class RoutingTrace:
     new_mask: torch.Tensor | None = None  # (B, T) 1 for the current forward's real tokens, 0 for padding
     state: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # layer -> (sum, count)
     _shared: tuple[torch.Tensor, str, torch.Tensor] | None = None
+    _shared_scan: tuple | None = None  # gate_logits: (input, state before it, layer) of the last prefill scan
     _apow: dict[str, torch.Tensor] = field(default_factory=dict)  # decode steps: a**count per layer
+    forwards: int = 0  # forward passes begun (a FusedStep's results are this forward's)
+    unsettled: dict[int, Any] = field(default_factory=dict)  # FusedSteps whose context `state` lags (settle)
     logits: list[torch.Tensor] = field(default_factory=list)
     aux: list[torch.Tensor] = field(default_factory=list)
     choices: list[tuple[str, torch.Tensor]] = field(default_factory=list)
@@ -60,6 +67,7 @@ class RoutingTrace:
 
     def before_forward(self, module, args, kwargs) -> None:
         """Decoder pre-hook: is this a new sequence or a cached continuation, and which new tokens are real."""
+        self.forwards += 1
         ids = kwargs.get("input_ids", args[0] if args else None)
         emb = kwargs.get("inputs_embeds")
         past = kwargs.get("past_key_values")
@@ -75,22 +83,33 @@ class RoutingTrace:
             self.new_mask = None
         if self.fresh:
             self.state = {}
+            self.unsettled = {}
+        elif self.unsettled and ref.shape[0] * n != 1:
+            self.settle()  # not a batch-1 decode step: the context is read from `state`
         self._shared = (
             None  # (input, gate input) of the last gated layer: layers fed the same tensor share it
         )
+        self._shared_scan = None
         if n != 1:
             self._apow = {}  # only decode steps keep it (context_mean's updates do not)
+
+    def settle(self) -> None:
+        """Write the gate context that batch-1 decode steps (FusedStep) keep pending into `state`."""
+        for step in list(self.unsettled.values()):
+            step.settle(self)
 
     # A server's running batch gains and loses rows between tokens (serve.engine): the gates' running context
     # is per row, so it follows the rows.
     def take_rows(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """The running context of every row (and none is left): before new rows are prefilled."""
+        self.settle()
         state, self.state = self.state, {}
         self._apow = {}
         return state
 
     def join_rows(self, before: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Rows whose context is `before` (take_rows) come first, the rows just prefilled after them."""
+        self.settle()
         new = self.state
         self.state = {
             k: (torch.cat([before[k][0], new[k][0]]), torch.cat([before[k][1], new[k][1]]))
@@ -99,6 +118,7 @@ class RoutingTrace:
         }
 
     def select_rows(self, idx: torch.Tensor) -> None:
+        self.settle()
         self._apow = {}
         self.state = {
             k: (e.index_select(0, idx.to(e.device)), c.index_select(0, idx.to(c.device)))
@@ -148,30 +168,72 @@ class RoutingTrace:
         """Exponential moving average of x over the sequence's real tokens so far (x: B, T, d), horizon
         `horizon` tokens, bias-corrected; carried across KV-cached steps. Recent tokens dominate, so the
         context follows the conversation when it moves to another task."""
+        out, self.state[name] = self._scan(x, None, None if self.fresh else self.state.get(name))
+        return out
+
+    def gate_logits(
+        self, name: str, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Inference: gates `w` (rows: slots; columns: x, then its context) applied to gate_input(name, x). A
+        prefill takes the context's image under the context half of `w` (the average is linear): the scan
+        runs over the gates' few columns instead of the input's d; a layer fed the tensor the last one was
+        scans it from the same state (and shares the state after it)."""
+        if not self.context or x.shape[1] == 1:
+            return F.linear(self.gate_input(name, x), w, b)
+        d, sh = x.shape[-1], self._shared_scan
+        if sh is not None and sh[0] is x:
+            ctx, _ = self._scan(x, w[:, d:], sh[1])
+            self.state[name] = self.state[sh[2]]
+        else:
+            prev = None if self.fresh else self.state.get(name)
+            ctx, self.state[name] = self._scan(x, w[:, d:], prev)
+            self._shared_scan = (x, prev, name)
+        out = torch.addmm(ctx.reshape(-1, ctx.shape[-1]), x.reshape(-1, d), w[:, :d].t()).view_as(ctx)
+        return out if b is None else out + b
+
+    def _scan(self, x: torch.Tensor, w: torch.Tensor | None, prev) -> tuple[torch.Tensor, tuple]:
+        """(the bias-corrected moving average after each token of x, under `w` when given, and the state
+        (average of x, count) after the last token), from the state before x (`prev`, or none)."""
         a = 1.0 - 1.0 / self.horizon
         m = self.new_mask
         m = torch.ones(x.shape[:2], device=x.device, dtype=x.dtype) if m is None else m.to(x.device, x.dtype)
-        prev = None if self.fresh else self.state.get(name)
         bsz, n, d = x.shape
         if prev is not None and prev[0].shape[0] == bsz:
             ema, cnt = prev
         else:
             ema, cnt = x.new_zeros(bsz, d), x.new_zeros(bsz, 1)
         xm = x * m.unsqueeze(-1)
+        ym, img = (xm, ema) if w is None else (F.linear(xm, w), F.linear(ema, w))
         out = []
-        for c0 in range(0, n, _CHUNK):  # exact chunked scan: a (C x C) decay matrix per chunk
-            xc, mc = xm[:, c0 : c0 + _CHUNK], m[:, c0 : c0 + _CHUNK]
-            k = xc.shape[1]
-            steps = torch.arange(k, device=x.device, dtype=x.dtype)
-            decay = torch.tril(a ** (steps.view(-1, 1) - steps.view(1, -1)).clamp(min=0))
-            decay = decay * torch.tril(torch.ones(k, k, device=x.device, dtype=x.dtype))
-            carry = a ** (steps + 1)
-            e = (1 - a) * torch.einsum("ij,bjd->bid", decay, xc) + carry.view(1, -1, 1) * ema.unsqueeze(1)
+        chunk = _CHUNK if w is None else 4 * _CHUNK  # the image has a few columns: bigger chunks, fewer steps
+        for c0 in range(0, n, chunk):  # exact chunked scan: a (C x C) decay matrix per chunk
+            yc, mc = ym[:, c0 : c0 + chunk], m[:, c0 : c0 + chunk]
+            decay, carry = _decay(yc.shape[1], a, x.device, x.dtype)
+            e = (1 - a) * torch.matmul(decay, yc) + carry.view(1, -1, 1) * img.unsqueeze(1)
             cn = cnt + mc.cumsum(1)
             out.append(e / (1 - a ** cn.unsqueeze(-1)).clamp(min=1e-6))
-            ema, cnt = e[:, -1], cn[:, -1:]
-        self.state[name] = (ema.detach(), cnt.detach())
-        return torch.cat(out, 1)
+            if w is not None:  # the average itself, at the chunk's last token
+                xc = xm[:, c0 : c0 + chunk]
+                ema = (1 - a) * torch.matmul(decay[-1], xc) + carry[-1] * ema
+            img, cnt = e[:, -1], cn[:, -1:]
+            ema = img if w is None else ema
+        return torch.cat(out, 1), (ema.detach(), cnt.detach())
+
+
+_DECAYS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _decay(k: int, a: float, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scan's (k x k) decay matrix (a**(i-j) on and below the diagonal) and carry a**(i+1), made once."""
+    key = (k, a, str(device), dtype)
+    if key not in _DECAYS:
+        steps = torch.arange(k, device=device, dtype=dtype)
+        decay = torch.tril(a ** (steps.view(-1, 1) - steps.view(1, -1)).clamp(min=0))
+        decay = decay * torch.tril(torch.ones(k, k, device=device, dtype=dtype))
+        if len(_DECAYS) >= 8:  # up to 1 MiB each (512 x 512): a prompt's last chunk has any length
+            _DECAYS.pop(next(iter(_DECAYS)))
+        _DECAYS[key] = (decay, a ** (steps + 1))
+    return _DECAYS[key]
 
 
 _CHUNK = 128
@@ -211,6 +273,7 @@ class GatedLoraLinear(nn.Module):
             "rows_slot", torch.tensor(rows_slot, dtype=torch.long, device=dev), persistent=False
         )
         self._group: list[SiblingGates] | None = None  # layers fed the same input (a list: not a submodule)
+        self._step: list[FusedStep] | None = None  # decode steps of this layer and its siblings
 
     @property
     def trace(self) -> RoutingTrace:
@@ -221,23 +284,14 @@ class GatedLoraLinear(nn.Module):
 
     def _infer(self, x: torch.Tensor, trace: RoutingTrace) -> torch.Tensor:
         """forward without gradients: the same routing and output, experts applied batched (module doc)."""
+        x3 = x if x.dim() == 3 else x.reshape(1, -1, x.shape[-1])
         base = self.base_layer
         y = F.linear(x, base.weight, base.bias) if type(base) is nn.Linear else base(x)
         w = self.gate.weight
-        x3 = x if x.dim() == 3 else x.reshape(1, -1, x.shape[-1])
         if self._group is not None:
             return self._group[0].add_delta(self, x3, trace, y)
         gx = x3 if x3.dtype == w.dtype else x3.to(w.dtype)
-        logits = self.gate(trace.gate_input(self.layer_name, gx))
-        if _one_token(x3):
-            ((e, p1),) = _top1(logits, 1, self.n_slots)
-            if trace.record:
-                trace.choices.append((self.layer_name, torch.tensor([[e]], device=x.device)))
-            if not (e and self._has[e]):
-                return y
-            h = F.linear(x3.view(1, -1), getattr(self, f"lora_A_{e}"))
-            bt = getattr(self, f"lora_B_{e}").t()
-            return torch.addmm(y.view(1, -1), h, bt, alpha=p1).view_as(y)
+        logits = trace.gate_logits(self.layer_name, gx, w, self.gate.bias)
         p, idx = logits.softmax(-1).max(-1)
         if trace.record:
             trace.choices.append((self.layer_name, idx.reshape(x.shape[:-1]).detach()))
@@ -249,8 +303,15 @@ class GatedLoraLinear(nn.Module):
         return y + F.linear(h, self.lora_B_all).view_as(y)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        trace = self.trace
+        trace = self._trace[0]
         if not self.training and not trace.collect_logits and not torch.is_grad_enabled():
+            # a batch-1 decode step on CPU: one matmul per group of layers fed the same input (FusedStep)
+            if self._step is not None and x.is_cpu and x.numel() == self.in_features and _FAST[0]:
+                y = self._step[0].output(self, x, trace)
+                if y is not None:
+                    return y
+            if trace.unsettled:
+                trace.settle()
             return self._infer(x, trace)
         y = self.base_layer(x)
         gx = (x.detach() if self.training else x).to(self.gate.weight.dtype)
@@ -318,12 +379,21 @@ def attach(
         if kind is not None:
             groups.setdefault((parent_name, kind), []).append(layer)
     order = {n: i for i, n in enumerate(mods)}  # the model's own order: the order its forward calls them
-    for members in groups.values():
+    # a base weight another module shares (tied) is not rebound to a view of a FusedStep's stack
+    own = {id(m.base_layer.weight) for m in layers.values()}
+    tied = {p.data_ptr() for p in model.parameters() if id(p) not in own}
+    alone = [[m] for m in layers.values()]
+    for members in [*groups.values(), *alone]:
         members.sort(key=lambda m: order.get(m.layer_name, 0))
         if len(members) > 1 and len({m.in_features for m in members}) == 1:
             shared = [SiblingGates(members)]
             for m in members:
                 m._group = shared
+        if members[0]._step is None and (len(members) == 1 or members[0]._group is not None):
+            rebind = not any(m.base_layer.weight.data_ptr() in tied for m in members)
+            step = [FusedStep(members, rebind)]
+            for m in members:
+                m._step = step
     get = getattr(model, "get_decoder", None)
     decoder = (get() if callable(get) else None) or model
     decoder.register_forward_pre_hook(trace.before_forward, with_kwargs=True)

@@ -1,6 +1,6 @@
 """Inference helpers of the mixture of LoRA experts (compose.moe): gated layers fed the same input share one
-gate matmul and one A matmul (SiblingGates), and a single token (a batch-1 decode step on CPU) is routed on
-the host so only the chosen experts' weights are applied."""
+gate matmul and one A matmul (SiblingGates), and a single token (a batch-1 decode step on CPU) runs as one
+matmul per group of such layers, routed on the host, with only the chosen experts' B applied (FusedStep)."""
 
 from __future__ import annotations
 
@@ -14,23 +14,10 @@ import torch.nn.functional as F
 GatedLoraLinear = RoutingTrace = Any
 
 
-def _one_token(x3: torch.Tensor) -> bool:
-    """A batch-1 decode step on CPU, where reading the gate's choice on the host costs no device sync."""
-    return x3.shape[0] * x3.shape[1] == 1 and x3.device.type == "cpu" and _FAST[0]
-
-
-_FAST = [True]  # tests switch the single-token path off to compare it with the batched one
-
-
-def _top1(logits: torch.Tensor, members: int, n_slots: int) -> list[tuple[int, float]]:
-    """(argmax slot, its softmax probability) per member, from one token's gate logits, on the host (first
-    slot on ties, as torch's max)."""
-    rows = logits.reshape(members, n_slots).tolist()
-    out = []
-    for row in rows:
-        top = max(row)
-        out.append((row.index(top), 1.0 / sum(math.exp(v - top) for v in row)))
-    return out
+PENDING = 64  # FusedStep: decode steps whose gate-context average waits to be written, at most
+# a batch-1 decode step on CPU (where reading the gates' choices on the host costs no device sync) runs as a
+# FusedStep; tests switch that path off to compare it with the batched one
+_FAST = [True]
 
 
 # Layers one module feeds the same input tensor (attention q/k/v, the MLP's gate/up): at inference their gates
@@ -64,9 +51,8 @@ class SiblingGates:
         self.slot_of_row = torch.tensor(slot_of_row, dtype=torch.long, device=dev)
         self._w: tuple | None = None  # (key, weight, bias) of the stacked gates
         self._x: torch.Tensor | None = None
+        self._forward = -1  # the trace's forward count when _x was computed
         self._h: torch.Tensor | None = None
-        self._one: dict | None = None  # a single token's deltas: member id -> (A rows applied, B^T, weight)
-        self._plans: dict[tuple, tuple] = {}  # (choices, device, dtype) -> _plan
 
     def _gates(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         gates = [m.gate for m in self.members]
@@ -84,45 +70,12 @@ class SiblingGates:
         self, layer: GatedLoraLinear, x3: torch.Tensor, trace: RoutingTrace, y: torch.Tensor
     ) -> torch.Tensor:
         """y (`layer`'s base output for x3) plus its chosen experts' deltas."""
-        if self._x is not x3 or trace._shared is None or trace._shared[0] is not self._x:
+        if self._x is not x3 or self._forward != trace.forwards:
             self._compute(x3, trace)
-        if self._one is not None:  # one token: only the chosen experts' A rows were applied
-            d = self._one.get(id(layer))
-            if d is None:
-                return y
-            h, bt, p = d
-            return torch.addmm(y.view(1, -1), h, bt, alpha=p).view_as(y)
         if self._h is None or id(layer) not in self.span:
             return y
         lo, hi = self.span[id(layer)]
         return y + F.linear(self._h[..., lo:hi], layer.lora_B_all).view_as(y)
-
-    def _compute_one(self, x3: torch.Tensor, logits: torch.Tensor, trace: RoutingTrace) -> None:
-        """A single token (a batch-1 decode step on CPU): the top-1 choices read on the host, then one matmul
-        with the chosen experts' A rows stacked (none when every member chose the base) and, per member,
-        one addmm with its chosen B (the same sum as the batched path, without the unchosen experts)."""
-        top = _top1(logits, len(self.members), self.n_slots)
-        if trace.record:
-            for m, (e, _) in zip(self.members, top, strict=True):
-                trace.choices.append((m.layer_name, torch.tensor([[e]], device=x3.device)))
-        key = (tuple(e for e, _ in top), x3.device, x3.dtype)
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = self._plans[key] = self._plan(key[0])
-        a, parts = plan
-        h = F.linear(x3.view(1, -1), a) if a is not None else None
-        self._one = {mid: (h[:, lo:hi], bt, top[i][1]) for i, mid, lo, hi, bt in parts}
-
-    def _plan(self, choice: tuple[int, ...]) -> tuple:
-        """For the members' choices: their chosen A's stacked, and per member (index, id, rows, B transposed)."""
-        a_rows, parts, at = [], [], 0
-        for i, (m, e) in enumerate(zip(self.members, choice, strict=True)):
-            if e and m._has[e]:
-                a = getattr(m, f"lora_A_{e}")
-                a_rows.append(a)
-                parts.append((i, id(m), at, at + a.shape[0], getattr(m, f"lora_B_{e}").t()))
-                at += a.shape[0]
-        return (torch.cat(a_rows) if a_rows else None), parts
 
     def _compute(self, x3: torch.Tensor, trace: RoutingTrace) -> None:
         w, b = self._gates()
@@ -131,12 +84,8 @@ class SiblingGates:
             self.member_of_row = self.member_of_row.to(x3.device)
             self.slot_of_row = self.slot_of_row.to(x3.device)
         gx = x3 if x3.dtype == w.dtype else x3.to(w.dtype)
-        logits = F.linear(trace.gate_input(self.name, gx), w, b)
-        self._x = x3
-        if _one_token(x3):
-            self._compute_one(x3, logits, trace)
-            return
-        self._one = None
+        logits = trace.gate_logits(self.name, gx, w, b)
+        self._x, self._forward = x3, trace.forwards
         probs = logits.view(*logits.shape[:-1], len(self.members), self.n_slots).softmax(-1)
         p, idx = probs.max(-1)  # (B, T, members)
         if trace.record:
@@ -149,3 +98,176 @@ class SiblingGates:
         sel = idx.index_select(-1, self.member_of_row) == self.slot_of_row
         coef = sel * p.index_select(-1, self.member_of_row).to(x3.dtype)
         self._h = F.linear(x3, self.a) * coef
+
+
+class FusedStep:
+    """A batch-1 decode step on CPU for the gated layers fed one input (siblings, or a layer alone): a single
+    matmul with the members' base weights, every expert's A and the gates stacked (the base weights become
+    views of the stack: no second copy), the gates' choices read on the host, then per member at most one
+    addmm with its chosen expert's B. The gate context stays a running average in gate-logit space: the
+    average is linear, so the gates' context half applied to it updates from that half applied to the new
+    token (rows of the same matmul); the average itself is still kept in the trace for the other paths."""
+
+    def __init__(self, members: list[GatedLoraLinear], rebind: bool = True):
+        self.members, self.name, self.rebind = members, members[0].layer_name, rebind
+        self.n_slots = members[0].n_slots
+        self.ok = False
+        self._watch: list[tuple] = []  # what the stack was built from (rebuilt when any of it changes)
+        self._x: torch.Tensor | None = None
+        self._forward = -1
+        self._out: dict[int, torch.Tensor] = {}
+        # the gate context: the running average in the trace's state (or None) and the tokens since, the
+        # gates' context half applied to the average after them, a**count and the count
+        self._e0: torch.Tensor | None = None
+        self._xs: list[torch.Tensor] = []
+        self._s: list[float] = []
+        self._apow = 1.0
+        self._count = 0.0
+
+    def _stale(self) -> bool:
+        if not self._watch:
+            return True
+        for mods, gate, gw, gv, b, bv, base, ptr, v in self._watch:
+            if (
+                mods["gate"] is not gate
+                or gate.weight is not gw
+                or gw._version != gv
+                or base.data_ptr() != ptr
+            ):
+                return True
+            if base._version != v or (b is not None and (gate.bias is not b or b._version != bv)):
+                return True
+        return False
+
+    def _build(self, context: bool) -> None:
+        """The stacked weights and bias, and where each part's rows are."""
+        ms = self.members
+        dt = ms[0].base_layer.weight.dtype
+        self.ok = all(type(m.base_layer) is torch.nn.Linear and dt == m.gate.weight.dtype for m in ms)
+        self.ok = self.ok and all(m.base_layer.weight.dtype == dt for m in ms)
+        if self.ok:
+            self._stack(context)
+        self._watch = [
+            (m._modules, m.gate, m.gate.weight, m.gate.weight._version, getattr(m.gate, "bias", None))
+            + (getattr(getattr(m.gate, "bias", None), "_version", None), m.base_layer.weight)
+            + (m.base_layer.weight.data_ptr(), m.base_layer.weight._version)
+            for m in ms
+        ]
+
+    def _stack(self, context: bool) -> None:
+        parts, biases, at = [], [], 0
+        self.base_rows, self.a_rows, self.bt = [], {}, {}
+        for m in self.members:
+            parts.append(m.base_layer.weight.detach())
+            biases.append(m.base_layer.bias)
+            self.base_rows.append((at, at + m.out_features))
+            at += m.out_features
+        for i, m in enumerate(self.members):
+            for e in range(1, self.n_slots):
+                if m._has[e]:
+                    a = getattr(m, f"lora_A_{e}")
+                    parts.append(a)
+                    biases.append(None)
+                    self.a_rows[i, e] = len(parts) - 1  # its part of the split output
+                    # B transposed, contiguous: baddbmm reads it row by row (a strided B copies first)
+                    self.bt[i, e] = getattr(m, f"lora_B_{e}").t().contiguous().unsqueeze(0)
+                    at += a.shape[0]
+        d, k = self.members[0].in_features, self.n_slots * len(self.members)
+        halves = [slice(0, d)] + ([slice(d, 2 * d)] if context else [])
+        for half in halves:  # the gates' input half, then their context half
+            for m in self.members:
+                parts.append(m.gate.weight.detach()[:, half])
+                biases.append(None)
+        # the gates' biases are added on the host (their logits are read there): no bias in the matmul for them
+        gb = [getattr(m.gate, "bias", None) for m in self.members]
+        self.gate_bias = None
+        if any(b is not None for b in gb):
+            self.gate_bias = [v for b in gb for v in (b.tolist() if b is not None else [0.0] * self.n_slots)]
+        self.sizes = [p.shape[0] for p in parts[: len(parts) - len(halves) * len(self.members)]]
+        self.sizes.append(k * len(halves))  # the gates' logits: one part
+        w = torch.cat(parts)
+        self.w_ctx = w[at + k : at + 2 * k] if context else None
+        self.b = None
+        if any(b is not None for b in biases):
+            rows = [p.shape[0] for p in parts]
+            self.b = torch.cat(
+                [w.new_zeros(r) if b is None else b.detach() for b, r in zip(biases, rows, strict=True)]
+            )
+        if self.rebind:
+            for m, (lo, hi) in zip(self.members, self.base_rows, strict=True):
+                m.base_layer.weight.data = w[lo:hi]
+        self.w = w
+        self.plan = [(i, id(m), m._has, m.layer_name) for i, m in enumerate(self.members)]
+
+    def output(self, layer: GatedLoraLinear, x: torch.Tensor, trace: RoutingTrace) -> torch.Tensor | None:
+        """`layer`'s output for the token x (one_token, [1, 1, d]), or None where this path does not apply."""
+        if self._x is not x or self._forward != trace.forwards:
+            # checked at a sequence's first step (weights or gates do not change between decode steps)
+            if (not self._watch or self._forward != trace.forwards - 1) and self._stale():
+                self._build(trace.context)
+            if not self.ok or x.dtype != self.w.dtype or x.dim() != 3:
+                return None
+            self._step(x, trace)
+        return self._out[id(layer)]
+
+    def _step(self, x: torch.Tensor, trace: RoutingTrace) -> None:
+        parts = F.linear(x, self.w, self.b).split_with_sizes(self.sizes, -1)  # views: no copy
+        g = parts[-1].tolist()[0][0]
+        n, k = self.n_slots, self.n_slots * len(self.members)
+        logits = g[:k]
+        if self.gate_bias is not None:
+            logits = [v + b for v, b in zip(logits, self.gate_bias, strict=True)]
+        if trace.context:
+            logits = [v + c for v, c in zip(logits, self._context(x, g[k:], trace), strict=True)]
+        self._x, self._forward, out, exp = x, trace.forwards, {}, math.exp
+        for i, key, has, name in self.plan:
+            row = logits[i * n : (i + 1) * n]
+            top = max(row)
+            e = row.index(top)  # torch's max: the first slot on ties
+            if trace.record:
+                trace.choices.append((name, torch.tensor([[e]], device=x.device)))
+            if e and has[e]:
+                p = 1.0 / sum(exp(v - top) for v in row)  # its softmax probability
+                out[key] = torch.baddbmm(parts[i], parts[self.a_rows[i, e]], self.bt[i, e], alpha=p)
+            else:
+                out[key] = parts[i]
+        self._out = out
+
+    def _context(self, x: torch.Tensor, u_ctx: list[float], trace: RoutingTrace) -> list[float]:
+        """The gates' context half applied to the bias-corrected running average after this token (as
+        RoutingTrace._context_step), from its image before (`_s`) and the half applied to the token (u_ctx).
+        The average itself is written into the trace's state only when another path needs it (`settle`):
+        until then the tokens since are kept (at most PENDING)."""
+        a = 1.0 - 1.0 / trace.horizon
+        prev = None if trace.fresh else trace.state.get(self.name)
+        if prev is None or prev[0].shape[0] != 1:  # a new sequence
+            self._e0, self._xs, s_prev, apow, count = None, [], [0.0] * len(u_ctx), 1.0, 0.0
+        elif prev[0] is self._e0 and id(self) in trace.unsettled:  # continued: image and count known
+            s_prev, apow, count = self._s, self._apow, self._count
+        else:  # an average from a prefill (or rows that moved): its image, once
+            self._e0, self._xs = prev[0], []
+            s_prev = F.linear(prev[0], self.w_ctx).view(-1).tolist()
+            count = float(prev[1].reshape(-1)[0])
+            apow = a**count
+        trace.unsettled[id(self)] = self
+        self._xs.append(x)
+        self._s = [a * sp + (1.0 - a) * v for sp, v in zip(s_prev, u_ctx, strict=True)]
+        self._apow, self._count = apow * a, count + 1.0
+        if len(self._xs) >= PENDING:
+            self.settle(trace)
+        return [v / (1.0 - self._apow) for v in self._s]
+
+    def settle(self, trace: RoutingTrace) -> None:
+        """Write the running average after the pending tokens into the trace's state (as the other paths
+        keep it: ema, count)."""
+        a = 1.0 - 1.0 / trace.horizon
+        n, xs = len(self._xs), torch.cat(self._xs).view(len(self._xs), -1)
+        w = torch.tensor([(1.0 - a) * a ** (n - 1 - j) for j in range(n)], dtype=xs.dtype)
+        e = w @ xs
+        e = (e if self._e0 is None else torch.add(e, self._e0[0], alpha=a**n)).unsqueeze(0)
+        cnt = torch.full((1, 1), self._count, dtype=xs.dtype)
+        # the group's context is its first member's (as SiblingGates keeps it)
+        trace.state[self.name] = (e, cnt)
+        trace._apow.pop(self.name, None)
+        self._e0, self._xs = e, []
+        trace.unsettled.pop(id(self), None)

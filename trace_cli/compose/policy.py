@@ -93,18 +93,23 @@ class RouterPolicy(HFPolicy):
         self.merger = merger
         self.decisions: list[dict[str, Any]] = []  # every routing decision, in order (for reports and tests)
         self.last_routes: list[dict[str, float]] = []  # the last `generate` call's decisions, one per prompt
+        self._head: Any = False  # router.classifier_head, made at the first classification (None: not cached)
 
     def route(self, conversations: list[list[dict[str, Any]]]) -> list[dict[int, float]]:
         """One mix (expert index -> alpha; empty = base) per conversation, from the frozen base model."""
-        from trace_cli.compose.router import classifier_prompt, classify, decide
+        from trace_cli.compose.router import classifier_head, classifier_prompt, classify, decide
 
         if not conversations:
             return []
         self.merger.apply({})  # the classifier is the base model
+        if self._head is False:  # the skill list's keys/values, the same for every conversation
+            self._head = classifier_head(self.model, self.tok, self.skills)
         prompts = [
             classifier_prompt(self.tok, self.skills, m, self.settings["history"]) for m in conversations
         ]
-        probs = classify(self.model, self.tok, prompts, self.label_ids, self.settings["temperature"])
+        probs = classify(
+            self.model, self.tok, prompts, self.label_ids, self.settings["temperature"], self._head
+        )
         mixes = [decide(p, self.settings["strategy"], self.settings["top_p"]) for p in probs]
         for p, mix in zip(probs, mixes, strict=True):
             self.decisions.append(
