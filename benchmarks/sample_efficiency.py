@@ -2,8 +2,8 @@
 """Sample efficiency (issues 16 and 23, the paper's headline): TRACE vs GRPO-on-target vs base at equal rollouts.
 
 Targets: `shop-mixed` (τ²-bench's task structure: 1-4 requests per conversation, all-or-nothing; the target the
-paper's claim is about) and `shop` (one capability per task family). From one base agent (default: the demo's,
-examples/demo-base-agent), at every budget B:
+paper's claim is about) and `shop` (one capability per task family). From one base agent (default:
+examples/shop-mixed-base-agent; `--base examples/demo-base-agent --env-tools needed` for `shop`), at every budget B:
 - base:        the base agent, untrained;
 - grpo_target: a GRPO LoRA adapter trained on the target with B rollouts;
 - TRACE:       diagnose D of the base agent's own target rollouts; synthesize and calibrate one environment per

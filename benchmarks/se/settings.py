@@ -44,7 +44,7 @@ class Settings:
     plot: Path
     quick: bool = False
     store: Path | None = None
-    base: str = str(REPO / "examples" / "demo-base-agent")
+    base: str = str(REPO / "examples" / "shop-mixed-base-agent")
     diagnosis_rollouts: int = 100
     calibration_look: int = 8
     calibration_attempts: int = 4
