@@ -446,6 +446,5 @@ def _grpo_summary(prepared: Prepared, ref, rows: list[dict[str, Any]], result, w
         # rollouts this run did not generate: its first steps took the environment's calibration episodes
         "reused_calibration_steps": result.replayed_steps,
         "reused_calibration_episodes": result.replayed_episodes,
-        # early stopping: evaluations, the best step (the adapter stored) and the validation episodes to charge
-        "validation": result.validation,
+        "validation": result.validation,  # early stopping: evaluations, best step, episodes to charge
     }
