@@ -133,6 +133,7 @@ def parser(doc: str) -> argparse.ArgumentParser:
         "episodes are charged); 'off' = no early stopping",
     )
     add("--validation-every", type=int, default=Settings.validation_every)
+    add("--validation-patience", type=int, default=Settings.validation_patience)
     add(
         "--env-tools",
         choices=("target", "needed"),
@@ -141,7 +142,6 @@ def parser(doc: str) -> argparse.ArgumentParser:
         "shop-mixed shows them) or only those their tasks need (the demo's small base, which took each shop "
         "family's own tool list as a cue)",
     )
-    add("--validation-patience", type=int, default=Settings.validation_patience)
     add(
         "--out",
         type=Path,

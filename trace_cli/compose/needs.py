@@ -86,6 +86,12 @@ def diagnosed(diag, rollouts, names: list[str]):
     return out
 
 
+def diagnosed_rollouts(diag, store):
+    """The rollouts artifact a diagnosis labelled (its `rollouts` input), or None when it records none."""
+    ro = next((i for i in diag.manifest.get("inputs", []) if i.get("role") == "rollouts"), None)
+    return None if ro is None else store.resolve(f"store://rollouts/{ro['id']}", kind="rollouts")
+
+
 def as_episode(r) -> dict[str, Any]:
     """What the rules detectors read of an episode, from a fresh rollout result."""
     return {

@@ -166,11 +166,13 @@ def _prepare_moe(cfg, store: Store, adapters, base, extra) -> list[dict[str, Any
         data.append({**d, "art": art})
         inputs.append(art.as_input(f"data:{d['expert']}"))
     if m.get("diagnosis"):
+        from trace_cli.compose.needs import diagnosed_rollouts
+
         diag = store.resolve(m["diagnosis"], kind="diagnosis")
-        ro = next((i for i in diag.manifest.get("inputs", []) if i.get("role") == "rollouts"), None)
-        if ro is None:
+        rollouts = diagnosed_rollouts(diag, store)
+        if rollouts is None:
             raise UsageError(f"moe.diagnosis: {diag.uri} records no rollouts it diagnosed")
-        extra["diagnosis"] = (diag, store.resolve(f"store://rollouts/{ro['id']}", kind="rollouts"))
+        extra["diagnosis"] = (diag, rollouts)
         inputs.append(diag.as_input("diagnosis"))
     if m.get("test_rollouts"):
         test = store.resolve(m["test_rollouts"], kind="rollouts")

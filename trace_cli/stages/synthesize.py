@@ -135,13 +135,12 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
 
 def _shape(cfg: dict[str, Any], diag, store: Store, template, target) -> dict[str, Any] | None:
     """The template's pins from the diagnosis's LACKING conversations (`envs.synthetic.shaping`), or None."""
-    from trace_cli.compose.needs import diagnosed
+    from trace_cli.compose.needs import diagnosed, diagnosed_rollouts
     from trace_cli.envs.synthetic.shaping import shape_for
 
-    ro = next((i for i in diag.manifest.get("inputs", []) if i.get("role") == "rollouts"), None)
-    if not cfg["shape_min_tasks"] or ro is None:
+    rollouts = diagnosed_rollouts(diag, store) if cfg["shape_min_tasks"] else None
+    if rollouts is None:
         return None
-    rollouts = store.resolve(f"store://rollouts/{ro['id']}", kind="rollouts")
     lacking = [ep for ep, slot in diagnosed(diag, rollouts, [cfg["capability"]]) if slot]
     kw = {"tools": target["tools"], "max_turns": cfg["max_turns"]}
     return shape_for(template, lacking, cfg["shape_min_tasks"], cfg["params"], **kw)

@@ -72,8 +72,7 @@ def _snapshot_callback(steps: Sequence[int], output_dir: str | Path, *, best: bo
     With early stopping (`best`), a snapshot is the best adapter so far, what a run of that many steps keeps."""
     from transformers import TrainerCallback
 
-    from trace_cli.training.checkpoints import copy_adapter
-    from trace_cli.training.validation import best_dir, save_adapter
+    from trace_cli.training.validation import copy_best, save_adapter
 
     wanted = set(steps)
 
@@ -82,9 +81,7 @@ def _snapshot_callback(steps: Sequence[int], output_dir: str | Path, *, best: bo
             if state.global_step in wanted and state.is_world_process_zero and model is not None:
                 target = snapshot_dir(output_dir, state.global_step)
                 if best:
-                    tmp = target.with_name(target.name + ".tmp")
-                    copy_adapter(best_dir(output_dir), tmp)
-                    save_adapter(None, target, staged=tmp)
+                    copy_best(output_dir, target)
                 else:
                     save_adapter(model, target)
 
@@ -95,15 +92,11 @@ def _keep_best(spec: GRPOSpec, final: Path) -> dict[str, Any]:
     """After an early-stopping run: the best adapter is the one kept (`final`: output_dir/kept; the last one
     trained stays in output_dir/final), and the snapshots after the step training stopped at are the best one too
     (a run of that many steps would have stopped there). Returns the validation summary."""
-    from trace_cli.training.checkpoints import copy_adapter
-    from trace_cli.training.validation import best_dir, load_state, save_adapter
+    from trace_cli.training.validation import copy_best, load_state
 
-    best = best_dir(spec.output_dir)
     for target in [final, *(snapshot_dir(spec.output_dir, n) for n in spec.snapshot_steps)]:
         if target == final or not target.exists():  # final: KEPT_DIR, beside the last one trained
-            tmp = target.with_name(target.name + ".tmp")
-            copy_adapter(best, tmp)
-            save_adapter(None, target, staged=tmp)
+            copy_best(spec.output_dir, target)
     return load_state(spec.output_dir).summary()
 
 
@@ -271,7 +264,7 @@ def _callbacks(spec: GRPOSpec, tok, max_context: int | None) -> list:
     if spec.validation:
         from trace_cli.training.validation import validation_callback
 
-        callbacks.append(validation_callback(spec, tok, max_context, spec.validation))
+        callbacks.append(validation_callback(spec, tok, max_context))
     if spec.snapshot_steps:
         callbacks.append(_snapshot_callback(spec.snapshot_steps, spec.output_dir, best=bool(spec.validation)))
     return callbacks

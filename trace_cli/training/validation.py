@@ -38,10 +38,6 @@ class ValidationState:
     def episodes(self) -> int:
         return sum(h["episodes"] for h in self.history)
 
-    def episodes_until(self, step: int) -> int:
-        """Validation episodes played to choose the adapter a run of `step` steps keeps."""
-        return sum(h["episodes"] for h in self.history if h["step"] <= step)
-
     def record(self, step: int, reward: float, success: float, episodes: int, min_delta: float) -> bool:
         """Add an evaluation; True when it is the new best."""
         self.history.append({"step": step, "reward": reward, "success": success, "episodes": episodes})
@@ -107,18 +103,29 @@ def best_dir(output_dir: str | Path) -> Path:
     return Path(output_dir) / BEST_DIR
 
 
-def save_adapter(model, target: Path, *, staged: Path | None = None) -> None:
-    """The PEFT adapter files of `model` (or a directory already `staged` beside it) at `target`, replaced
-    atomically."""
-    tmp = staged or target.with_name(target.name + ".tmp")
-    if staged is None:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        model.save_pretrained(str(tmp))
+def _replace(staged: Path, target: Path) -> None:
+    """`staged` (a directory beside `target`) becomes `target`, replacing it."""
     if target.exists():
         shutil.rmtree(target)
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-    tmp.replace(target)
+    staged.replace(target)
+
+
+def save_adapter(model, target: Path) -> None:
+    """The PEFT adapter files of `model` at `target`, replaced atomically."""
+    tmp = target.with_name(target.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    model.save_pretrained(str(tmp))
+    _replace(tmp, target)
+
+
+def copy_best(output_dir: str | Path, target: Path) -> None:
+    """The best adapter so far (PEFT files only) at `target`, replaced atomically."""
+    from trace_cli.training.checkpoints import copy_adapter
+
+    tmp = target.with_name(target.name + ".tmp")
+    copy_adapter(best_dir(output_dir), tmp)
+    _replace(tmp, target)
 
 
 def evaluate(model, tok, spec, seeds: list[int], max_context: int | None) -> tuple[float, float]:
@@ -152,13 +159,14 @@ def evaluate(model, tok, spec, seeds: list[int], max_context: int | None) -> tup
     return sum(r.reward for r in results) / n, sum(bool(r.success) for r in results) / n
 
 
-def validation_callback(spec, tok, max_context: int | None, validation: Mapping[str, Any]):
-    """The trainer callback that evaluates, keeps the best adapter and stops training (main process only)."""
+def validation_callback(spec, tok, max_context: int | None):
+    """The trainer callback that evaluates, keeps the best adapter and stops training (main process decides)."""
     from transformers import TrainerCallback
 
     from trace_cli.config.seeds import parse_seeds
     from trace_cli.training.dist import world_size
 
+    validation = spec.validation
     seeds = parse_seeds(validation["seeds"])
     every, patience, min_delta = validation["every"], validation["patience"], validation["min_delta"]
     out = spec.output_dir
@@ -207,6 +215,7 @@ __all__ = [
     "ValidationState",
     "best_dir",
     "check_validation",
+    "copy_best",
     "evaluate",
     "load_state",
     "validation_callback",
