@@ -90,6 +90,7 @@ def test_shape_for_keeps_given_params_and_needs_enough_conversations(capfd):
     s = shape_for(cls, eps, 5, {"forbidden_fraction": 0.3})
     assert s["params"] == {"return_fraction": 0.2} and s["lacking_conversations"] == 5
     assert shape_for(cls, eps, 6, {})["params"] == {}  # 5 conversations < min_tasks 6
+    assert "fewer than shape_min_tasks 6" in capfd.readouterr().err  # said, not silent
     # pins the template refuses with the given params are dropped, and said
     ms = TEMPLATES["multi_step_completion"]
     two = [_ep(_call("cancel_pending_order"), _call("modify_user_address"))] * 5

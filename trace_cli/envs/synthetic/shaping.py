@@ -94,6 +94,12 @@ def shape_for(
 
     shape = shape_params(template, lacking, min_tasks)
     shape["lacking_conversations"] = len(lacking)
+    if shape["profile"]["tasks"] < min_tasks:
+        print(
+            f"synthesize: not shaping {template.capability} by the diagnosis: {shape['profile']['tasks']} LACKING "
+            f"conversation(s) with reference actions, fewer than shape_min_tasks {min_tasks}",
+            file=sys.stderr,
+        )
     shape["params"] = {k: v for k, v in shape["params"].items() if k not in given}
     try:
         template(**env, **shape["params"], **given)
