@@ -41,6 +41,15 @@ its schema in `benchmarks/schemas/` when written and when read. `--combine` refu
         --out benchmarks/results/scratch/se-mixed-trace-$s.json > se-mixed-trace-$s.log 2>&1 & done
     python benchmarks/sample_efficiency.py --combine benchmarks/results/scratch/se-mixed-*.json \\
         --out benchmarks/results/sample_efficiency_mixed.json
+
+The learning rate (the same small sweep for both methods, on validation seeds: `se/sweep.py`): one `--lr-sweep`
+process per method and rate, measured on `--validation` (never the test seeds), then the runs take each
+method's best rate with `--learning-rate-from`, which records the sweep and its cost in the result:
+    for lr in 1e-3 2e-3 4e-3; do for m in grpo_target trace; do OMP_NUM_THREADS=1 nohup python \\
+        benchmarks/sample_efficiency.py --lr-sweep --target shop-mixed --budgets 2560 --train-seeds 100 \\
+        --methods $m --learning-rate $lr --store stores/sweep-$m-$lr \\
+        --out benchmarks/results/scratch/lr-$m-$lr.json > lr-$m-$lr.log 2>&1 & done; done
+    python benchmarks/sample_efficiency.py ... --learning-rate-from benchmarks/results/scratch/lr-*.json
 """
 
 from __future__ import annotations
@@ -58,6 +67,7 @@ from se.methods import run_grpo_target, run_trace
 from se.results import Progress, Refused, combine, write
 from se.settings import MAX_TURNS, Settings, parse_settings
 from se.stats import summarize
+from se.sweep import apply as apply_sweep
 
 TRAINED = {"grpo_target": run_grpo_target, "trace": run_trace}
 
@@ -65,6 +75,7 @@ TRAINED = {"grpo_target": run_grpo_target, "trace": run_trace}
 def main(argv: list[str] | None = None) -> int:
     s = parse_settings(argv, __doc__)
     try:
+        s = apply_sweep(s)
         if s.combine:
             c = combine(list(s.combine))
             return finish(s, c["runs"], c["meta"], c["wall_s"], c["timings_s"])
@@ -94,6 +105,7 @@ def run(s: Settings) -> int:
         "methods": list(s.methods),
         "settings": s.record(),
         "store": str(store_dir),
+        **({"lr_sweep": s.lr_sweep} if s.lr_sweep else {}),
     }
     progress = Progress(s.out.with_suffix(".partial.json"), meta)
     base = b.run("base/import", "model", {"source": s.base}).outputs["model"].uri
@@ -124,6 +136,8 @@ def finish(s: Settings, runs, meta, wall, timings) -> int:
     res = {"benchmark": "sample_efficiency", **meta, "trace_is": "moe", "targets": targets, "runs": runs}
     write(s.out, {**res, "timings_s": timings, "wall_s": wall})
     output.plot(targets, s.plot)
+    if meta.get("lr_sweep"):
+        output.print_lr_sweep(meta["lr_sweep"])
     for target, t in targets.items():
         output.print_target(target, t)
     print(f"\nJSON: {s.out}   plot: {s.plot}   wall {wall} s")

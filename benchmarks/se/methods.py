@@ -16,7 +16,9 @@ from trace_cli.config.seeds import parse_seeds
 ACCOUNTINGS = {"all": "", "training": "_train"}  # accounting -> column suffix
 
 
-def grpo_cfg(s: Settings, env: str, model: str, steps: int, seed: int, max_turns: int) -> dict[str, Any]:
+def grpo_cfg(
+    s: Settings, method: str, env: str, model: str, steps: int, seed: int, max_turns: int
+) -> dict[str, Any]:
     return {
         "method": "grpo",
         "env": env,
@@ -26,7 +28,7 @@ def grpo_cfg(s: Settings, env: str, model: str, steps: int, seed: int, max_turns
         "num_generations": s.num_generations,
         "per_device_batch_size": s.episodes_per_step,
         "gradient_accumulation_steps": 1,
-        "learning_rate": s.learning_rate,
+        "learning_rate": s.lr(method),
         "lr_scheduler": "constant",  # snapshots are the shorter runs
         "max_new_tokens": s.max_new_tokens,
         "max_completion_length": 1024,
@@ -51,7 +53,7 @@ def run_grpo_target(b: Bench, s: Settings, target: str, base: str, seed: int) ->
     """GRPO on the target: one run per training seed, the adapter after budget // episodes_per_step steps (the
     same under both accountings: every rollout is a training rollout)."""
     steps = {B: max(1, B // s.episodes_per_step) for B in s.budgets}
-    cfg = grpo_cfg(s, target, base, max(steps.values()), seed, MAX_TURNS[target])
+    cfg = grpo_cfg(s, "grpo_target", target, base, max(steps.values()), seed, MAX_TURNS[target])
     cfg["seeds"] = f"{TARGET_TRAIN}:{TARGET_TRAIN + 100000}"
     arts = train_curve(b, f"{target}/grpo_target/{seed}", cfg, list(steps.values()))
     out = {}
@@ -190,7 +192,7 @@ class Trace:
         for cap in order:
             wanted = sorted({plan[acc][B][cap] for acc in plan for B in s.budgets})
             cfg = {
-                **grpo_cfg(s, envs[cap].uri, self.base, 1, self.seed, 12),
+                **grpo_cfg(s, "trace", envs[cap].uri, self.base, 1, self.seed, 12),
                 "reuse_calibration": reuse[cap],
                 "validation": val,
             }
@@ -232,7 +234,7 @@ class Trace:
                         r[f"routing{sfx}"] = e["routing"]
                 r[f"trace{sfx}"] = r[f"moe{sfx}"]  # TRACE is the MoE (decided in advance: no best-of)
                 r[f"tasks_trace{sfx}"] = r[f"tasks_moe{sfx}"]
-                if last:
+                if last and s.purpose == "test":  # (a sweep's seeds are the validation seeds themselves)
                     r.update(self.single_best(adapters, comps, B, sp))
             results[B] = r
         return results

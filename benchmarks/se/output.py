@@ -17,6 +17,24 @@ def print_target(target: str, t: dict[str, Any]) -> None:
     print_families(t["families_at_largest_budget"])
 
 
+def print_lr_sweep(sweep: dict[str, Any]) -> None:
+    """The learning-rate sweep that chose each method's rate (pass@1 on its validation seeds)."""
+    rates = sorted({lr for per in sweep["pass@1"].values() for lr in per}, key=float)
+    print(
+        f"\nlearning rate sweep on seeds {', '.join(sweep['measured_on'])} at {sweep['budget']} rollouts "
+        f"(mean pass@1 over its runs; {sweep['rollouts']['total']} rollouts)"
+    )
+    rows = [
+        [
+            m,
+            *(f"{per[lr]['mean']:.3f} ({per[lr]['runs']})" if lr in per else None for lr in rates),
+            sweep["chosen"][m],
+        ]
+        for m, per in sweep["pass@1"].items()
+    ]
+    print_table(["method", *rates, "chosen"], rows)
+
+
 def print_bootstrap(boot: dict[str, Any]) -> None:
     """The paired bootstrap per budget (budgets whose runs have no per-task outcomes are skipped)."""
     rows = []

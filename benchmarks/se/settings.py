@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +26,25 @@ RECORDED = (
     "budgets", "episodes_per_step", "num_generations", "learning_rate", "diagnosis_rollouts", "calibration",
     "calibration_look", "calibration_attempts", "calibration_start", "moe_seeds", "moe_steps",
     "max_new_tokens", "validation", "base", "adapter_validation", "validation_every", "validation_patience",
-    "env_tools",
+    "env_tools", "purpose",
 )  # fmt: skip
+PURPOSES = ("test", "lr_sweep")  # what a run measures: the test seeds, or a learning rate on validation seeds
+
+
+def parse_learning_rate(text: str) -> dict[str, float]:
+    """`--learning-rate`: one rate for every trained method ("2e-3") or one per method
+    ("grpo_target=1e-3,trace=4e-3", naming each of them). ValueError with the reason."""
+    if "=" not in text:
+        return {m: float(text) for m in TRAINED}
+    rates = {}
+    for part in (p for p in text.split(",") if p):
+        m, _, v = part.partition("=")
+        if m not in TRAINED:
+            raise ValueError(f"{m!r} is not a trained method ({', '.join(TRAINED)})")
+        rates[m] = float(v)
+    if set(rates) != set(TRAINED):
+        raise ValueError(f"name a rate for each of {', '.join(TRAINED)} (or give one rate for all)")
+    return rates
 
 
 @dataclass(frozen=True)
@@ -52,7 +69,7 @@ class Settings:
     moe_steps: int = 150
     episodes_per_step: int = 32
     num_generations: int = 8
-    learning_rate: float = 2e-3
+    learning_rate: dict[str, float] = field(default_factory=lambda: {m: 2e-3 for m in TRAINED})
     max_new_tokens: int = 120
     # early stopping of each TRACE adapter on its own environment's seeds (charged as `validation`)
     adapter_validation: str = "200000:200016"
@@ -60,6 +77,14 @@ class Settings:
     validation_patience: int = 2
     env_tools: str = "target"  # synthesize's `tools`: what TRACE's environments offer
     combine: tuple[Path, ...] = ()
+    # "lr_sweep": the trained methods are measured on the validation seeds (the test seeds are not touched);
+    # `lr_sweep` (set by --learning-rate-from): the sweep that chose `learning_rate`, recorded in the result
+    purpose: str = "test"
+    lr_sweep: dict[str, Any] | None = None
+    learning_rate_from: tuple[Path, ...] = ()
+
+    def lr(self, method: str) -> float:
+        return self.learning_rate[method]
 
     @property
     def cal_seeds(self) -> int:
@@ -123,7 +148,26 @@ def parser(doc: str) -> argparse.ArgumentParser:
     add("--moe-steps", type=int, default=150, help="MoE gate training steps")
     add("--episodes-per-step", type=int, default=32, help="GRPO episodes per optimizer step")
     add("--num-generations", type=int, default=8, help="GRPO group size")
-    add("--learning-rate", type=float, default=2e-3, help="GRPO learning rate (LoRA)")
+    add(
+        "--learning-rate",
+        default=None,
+        help="GRPO learning rate (LoRA): one for both methods (2e-3) or one each (grpo_target=1e-3,trace=4e-3)",
+    )
+    add(
+        "--learning-rate-from",
+        nargs="+",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="take each method's learning rate from these --lr-sweep results (the best mean pass@1 on their "
+        "validation seeds at the largest budget); the sweep, with its cost, is recorded in the result",
+    )
+    add(
+        "--lr-sweep",
+        action="store_true",
+        help="a learning-rate sweep run: the trained methods are measured on --validation, never on the test "
+        "seeds (one process per method and rate; then --learning-rate-from)",
+    )
     add("--max-new-tokens", type=int, default=120)
     add(
         "--adapter-validation",
@@ -181,6 +225,16 @@ def parse_settings(argv: list[str] | None, doc: str) -> Settings:
         _ = [int(x) for x in a.calibration.split("x", 1)]
     except ValueError as e:
         ap.error(f"--budgets, --train-seeds and --calibration take integers ({e})")
+    if a.learning_rate and a.learning_rate_from:
+        ap.error("--learning-rate and --learning-rate-from: give one of them")
+    if a.lr_sweep and a.learning_rate_from:
+        ap.error("--lr-sweep measures a learning rate; --learning-rate-from uses a sweep's: give one of them")
+    if a.lr_sweep:  # the sweep's trained methods are measured on the validation seeds, never the test seeds
+        a.held_out = a.validation
+    try:
+        rates = parse_learning_rate(a.learning_rate or "2e-3")
+    except ValueError as e:
+        ap.error(f"--learning-rate: {e}")
     out = a.out or RESULTS / (
         "sample_efficiency_mixed_quick.json" if a.quick else "sample_efficiency_mixed.json"
     )
@@ -205,11 +259,13 @@ def parse_settings(argv: list[str] | None, doc: str) -> Settings:
         moe_steps=a.moe_steps,
         episodes_per_step=a.episodes_per_step,
         num_generations=a.num_generations,
-        learning_rate=a.learning_rate,
+        learning_rate=rates,
         max_new_tokens=a.max_new_tokens,
         adapter_validation=a.adapter_validation,
         validation_every=a.validation_every,
         validation_patience=a.validation_patience,
         env_tools=a.env_tools,
         combine=tuple(a.combine or ()),
+        purpose="lr_sweep" if a.lr_sweep else "test",
+        learning_rate_from=tuple(a.learning_rate_from or ()),
     )

@@ -471,3 +471,145 @@ def test_the_moe_is_charged_what_its_composition_generated():
     assert sp["moe"] == 0 and sp["total"] == 700  # own training episodes + the diagnosis: nothing new
     methods.charge_moe(sp, {"routing": {"generated_episodes": 24}})
     assert sp["moe"] == 24 and sp["total"] == 724
+
+
+def test_learning_rate_one_for_both_or_one_per_method():
+    assert settings.parse_settings([], "doc").learning_rate == {"grpo_target": 2e-3, "trace": 2e-3}
+    s = settings.parse_settings(["--learning-rate", "grpo_target=1e-3,trace=4e-3"], "doc")
+    assert s.lr("grpo_target") == 1e-3 and s.lr("trace") == 4e-3
+    assert s.record()["learning_rate"] == {"grpo_target": 1e-3, "trace": 4e-3}
+    assert methods.grpo_cfg(s, "trace", "env", "m", 4, 0, 12)["learning_rate"] == 4e-3
+    assert methods.grpo_cfg(s, "grpo_target", "env", "m", 4, 0, 12)["learning_rate"] == 1e-3
+    for bad in (
+        ["--learning-rate", "grpo_target=1e-3"],  # trace's rate missing
+        ["--learning-rate", "grpo_target=1e-3,trace=1e-3,gepa=1"],
+        ["--learning-rate", "fast"],
+        ["--learning-rate", "1e-3", "--learning-rate-from", "x.json"],
+        ["--lr-sweep", "--learning-rate-from", "x.json"],
+    ):
+        with pytest.raises(SystemExit) as e:
+            settings.parse_settings(bad, "doc")
+        assert e.value.code == 2, bad
+
+
+def test_a_sweep_is_measured_on_the_validation_seeds():
+    s = settings.parse_settings(["--lr-sweep", "--validation", "600000:600100", "--held-out", "7:9"], "doc")
+    assert s.held_out == "600000:600100" and s.purpose == "lr_sweep" and s.record()["purpose"] == "lr_sweep"
+    assert settings.parse_settings([], "doc").record()["purpose"] == "test"
+
+
+def _sweep(path: Path, method: str, lr: float, values: list[float], **over) -> Path:
+    """A --lr-sweep result of one method and rate: one run per value (training seeds 100, 101, ...)."""
+    s = settings.parse_settings(["--lr-sweep", "--budgets", "640", "--learning-rate", str(lr)], "doc")
+    col = {"grpo_target": "grpo_target", "trace": "trace"}[method]
+    runs = []
+    for i, v in enumerate(values):
+        run = {"target": "shop-mixed", "budget": 640, "seed": 100 + i, "base": 0.4, col: v}
+        run |= {"tasks_" + col: _outcomes([v] * 10)}
+        run |= {"grpo_rollouts": 640} if method == "grpo_target" else {"spent": {"total": 600}}
+        runs.append(run)
+    doc = {
+        "benchmark": "sample_efficiency",
+        "commit": "abc",
+        "dirty": False,
+        "command": "python benchmarks/sample_efficiency.py --lr-sweep",
+        "held_out": s.held_out,
+        "methods": [method],
+        "settings": s.record(),
+        "train_seeds": [r["seed"] for r in runs],
+        "targets": stats.summarize(runs),
+        "runs": runs,
+        **over,
+    }
+    return results.write(path, doc)
+
+
+def test_the_sweep_chooses_each_methods_rate_and_records_its_cost(tmp_path):
+    from se import sweep
+
+    files = [
+        _sweep(tmp_path / "g1.json", "grpo_target", 1e-3, [0.50, 0.52]),
+        _sweep(tmp_path / "g2.json", "grpo_target", 2e-3, [0.55, 0.53]),
+        _sweep(tmp_path / "t1.json", "trace", 1e-3, [0.60]),
+        _sweep(tmp_path / "t2.json", "trace", 2e-3, [0.60]),  # a tie: the smaller rate
+    ]
+    s = settings.parse_settings(["--budgets", "320,640", "--learning-rate-from", *map(str, files)], "doc")
+    chosen = sweep.apply(s)
+    assert chosen.learning_rate == {"grpo_target": 2e-3, "trace": 1e-3}
+    rec = chosen.lr_sweep
+    assert rec["chosen"] == chosen.learning_rate and rec["measured_on"] == ["600000:600100"]
+    assert rec["pass@1"]["grpo_target"] == {
+        "0.001": {"mean": 0.51, "runs": 2},
+        "0.002": {"mean": 0.54, "runs": 2},
+    }
+    # every training rollout of the sweep's runs and the validation episodes that chose
+    assert rec["rollouts"] == {"grpo_target": 4 * (640 + 10), "trace": 2 * (600 + 10), "total": 3820}
+    assert [f["file"] for f in rec["files"]] == list(map(str, files))
+
+
+def test_the_sweep_refuses_test_seeds_dirty_runs_and_other_experiments(tmp_path):
+    from se import sweep
+
+    good = [
+        _sweep(tmp_path / "g.json", "grpo_target", 1e-3, [0.5]),
+        _sweep(tmp_path / "t.json", "trace", 1e-3, [0.6]),
+    ]
+    cases = {
+        "overlap the test seeds": _sweep(tmp_path / "o.json", "trace", 2e-3, [0.9], held_out="500100:500300"),
+        "dirty checkout": _sweep(tmp_path / "d.json", "trace", 2e-3, [0.9], dirty=True),
+        "not a --lr-sweep result": _result(tmp_path / "r.json", 0, 0.4, 0.5),
+        "another experiment (episodes_per_step)": _sweep(
+            tmp_path / "e.json",
+            "trace",
+            2e-3,
+            [0.9],
+            settings={
+                **settings.parse_settings(
+                    ["--lr-sweep", "--budgets", "640", "--episodes-per-step", "16"], "doc"
+                ).record()
+            },
+        ),
+    }
+    for why, bad in cases.items():
+        s = settings.parse_settings(
+            ["--budgets", "640", "--learning-rate-from", *map(str, [*good, bad])], "doc"
+        )
+        with pytest.raises(
+            results.Refused, match=why.split(" (")[0] if "(" not in why else "another experiment"
+        ):
+            sweep.apply(s)
+    only_one = settings.parse_settings(["--budgets", "640", "--learning-rate-from", str(good[0])], "doc")
+    with pytest.raises(results.Refused, match="no sweep run of trace"):
+        sweep.apply(only_one)
+    assert sweep.apply(settings.parse_settings(["--budgets", "640"], "doc")).lr_sweep is None
+
+
+def test_a_run_records_the_sweep_and_combine_keeps_it(tmp_path, run_benchmark):
+    files = [
+        _sweep(tmp_path / "g.json", "grpo_target", 1e-3, [0.5]),
+        _sweep(tmp_path / "t.json", "trace", 4e-3, [0.6]),
+    ]
+    from se import sweep
+
+    s = sweep.apply(
+        settings.parse_settings(["--budgets", "640", "--learning-rate-from", *map(str, files)], "doc")
+    )
+    a = _result(
+        tmp_path / "a.json", 0, 0.42, 0.46, settings={**s.record(), "budgets": [640]}, lr_sweep=s.lr_sweep
+    )
+    b = _result(
+        tmp_path / "b.json", 1, 0.44, 0.50, settings={**s.record(), "budgets": [640]}, lr_sweep=s.lr_sweep
+    )
+    out = tmp_path / "all.json"
+    proc = run_benchmark("sample_efficiency.py", "--combine", str(a), str(b), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = results.read(out)
+    assert res["lr_sweep"]["chosen"] == {"grpo_target": 1e-3, "trace": 4e-3}
+    assert res["settings"]["learning_rate"] == {"grpo_target": 1e-3, "trace": 4e-3}
+    assert "learning rate sweep on seeds 600000:600100" in proc.stdout
+    # a file chosen by another sweep is another experiment
+    c = _result(tmp_path / "c.json", 2, 0.44, 0.50, settings={**s.record(), "budgets": [640]})
+    proc = run_benchmark(
+        "sample_efficiency.py", "--combine", str(a), str(c), "--out", str(tmp_path / "x.json")
+    )
+    assert proc.returncode == 2 and "lr_sweep differs" in proc.stderr
