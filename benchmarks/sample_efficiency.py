@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from common import command, git_commit, git_dirty
-from se import output
+from se import freeze, output
 from se.measure import Bench
 from se.methods import run_grpo_target, run_trace
 from se.results import Progress, Refused, combine, write
@@ -76,16 +76,17 @@ def main(argv: list[str] | None = None) -> int:
     s = parse_settings(argv, __doc__)
     try:
         s = apply_sweep(s)
+        registered = freeze.check(s.preregistered, s) if s.preregistered and not s.combine else None
         if s.combine:
             c = combine(list(s.combine))
             return finish(s, c["runs"], c["meta"], c["wall_s"], c["timings_s"])
-        return run(s)
+        return run(s, registered)
     except Refused as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
 
-def run(s: Settings) -> int:
+def run(s: Settings, registered: dict[str, Any] | None = None) -> int:
     """Every target, training seed and method of the settings in one store; each finished (target, seed,
     method) is kept in OUT.partial.json, which a rerun of the same command resumes from."""
     import tempfile
@@ -106,6 +107,7 @@ def run(s: Settings) -> int:
         "settings": s.record(),
         "store": str(store_dir),
         **({"lr_sweep": s.lr_sweep} if s.lr_sweep else {}),
+        **({"preregistration": registered} if registered else {}),
     }
     progress = Progress(s.out.with_suffix(".partial.json"), meta)
     base = b.run("base/import", "model", {"source": s.base}).outputs["model"].uri

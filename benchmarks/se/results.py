@@ -68,7 +68,7 @@ def combine(paths: list[Path]) -> dict[str, Any]:
         if d.get("dirty") is not False:
             why = "a dirty checkout" if d.get("dirty") else "a checkout whose state it does not record"
             raise Refused(f"--combine: {p} is the result of {why} (commit {d.get('commit')}): not combined")
-    for key in ("held_out", "settings", "lr_sweep"):
+    for key in ("held_out", "settings", "lr_sweep", "preregistration"):
         if any(d.get(key) != docs[0].get(key) for d in docs):
             raise Refused(f"--combine: {key} differs between the result files; they are not one experiment")
     sources = [
@@ -102,7 +102,7 @@ def combine(paths: list[Path]) -> dict[str, Any]:
             "methods": sorted({m for d in docs for m in d.get("methods") or ()}),
             "settings": docs[0]["settings"],
             "store": [d.get("store") for d in docs],
-            **({"lr_sweep": docs[0]["lr_sweep"]} if docs[0].get("lr_sweep") else {}),
+            **{k: docs[0][k] for k in ("lr_sweep", "preregistration") if docs[0].get(k)},
         },
         "wall_s": [d.get("wall_s") for d in docs],
         "timings_s": {str(p): d.get("timings_s") for p, d in zip(paths, docs, strict=True)},

@@ -82,6 +82,7 @@ class Settings:
     purpose: str = "test"
     lr_sweep: dict[str, Any] | None = None
     learning_rate_from: tuple[Path, ...] = ()
+    preregistered: Path | None = None  # the pre-registration this run must match (se/freeze.py)
 
     def lr(self, method: str) -> float:
         return self.learning_rate[method]
@@ -187,6 +188,14 @@ def parser(doc: str) -> argparse.ArgumentParser:
         "family's own tool list as a cue)",
     )
     add(
+        "--preregistered",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="the pre-registration (benchmarks/preregistered/) this run must be: refused (exit 2) when its seeds, "
+        "budget, learning rates, base agent or target differ (the target and base are checked by digest)",
+    )
+    add(
         "--out",
         type=Path,
         default=None,
@@ -268,4 +277,5 @@ def parse_settings(argv: list[str] | None, doc: str) -> Settings:
         combine=tuple(a.combine or ()),
         purpose="lr_sweep" if a.lr_sweep else "test",
         learning_rate_from=tuple(a.learning_rate_from or ()),
+        preregistered=a.preregistered,
     )

@@ -498,13 +498,16 @@ def test_a_sweep_is_measured_on_the_validation_seeds():
     assert settings.parse_settings([], "doc").record()["purpose"] == "test"
 
 
-def _sweep(path: Path, method: str, lr: float, values: list[float], **over) -> Path:
-    """A --lr-sweep result of one method and rate: one run per value (training seeds 100, 101, ...)."""
-    s = settings.parse_settings(["--lr-sweep", "--budgets", "640", "--learning-rate", str(lr)], "doc")
+def _sweep(
+    path: Path, method: str, lr: float, values: list[float], args=("--budgets", "640"), **over
+) -> Path:
+    """A --lr-sweep result of one method and rate (the other settings from `args`): one run per value (training
+    seeds 100, 101, ...)."""
+    s = settings.parse_settings(["--lr-sweep", *args, "--learning-rate", str(lr)], "doc")
     col = {"grpo_target": "grpo_target", "trace": "trace"}[method]
     runs = []
     for i, v in enumerate(values):
-        run = {"target": "shop-mixed", "budget": 640, "seed": 100 + i, "base": 0.4, col: v}
+        run = {"target": "shop-mixed", "budget": max(s.budgets), "seed": 100 + i, "base": 0.4, col: v}
         run |= {"tasks_" + col: _outcomes([v] * 10)}
         run |= {"grpo_rollouts": 640} if method == "grpo_target" else {"spent": {"total": 600}}
         runs.append(run)
@@ -613,3 +616,109 @@ def test_a_run_records_the_sweep_and_combine_keeps_it(tmp_path, run_benchmark):
         "sample_efficiency.py", "--combine", str(a), str(c), "--out", str(tmp_path / "x.json")
     )
     assert proc.returncode == 2 and "lr_sweep differs" in proc.stderr
+
+
+def _registration(tmp_path: Path, base: Path) -> Path:
+    from se import freeze
+
+    reg = {
+        "issue": 31,
+        "written": "test",
+        "target": "shop-mixed",
+        "base": str(base),
+        "held_out": "700000:700600",
+        "validation": "600000:600100",
+        "train_seeds": [0, 1, 2, 3],
+        "budget": 2560,
+        "lr_grid": [1e-3, 2e-3],
+        "lr_sweep_seed": 100,
+        "trace_is": "moe",
+        "decision": "mean gain ratio >= 2 and the paired bootstrap's 90 % lower bound of the difference > 0",
+    }
+    return freeze.register(tmp_path / "reg.json", reg)
+
+
+def test_a_preregistered_run_must_be_the_registered_one(tmp_path):
+    """The pre-registration fixes the target and base by digest, the seeds, the budget and the rate grid; a run
+    that differs in any of them is refused, with every difference said."""
+    from se import freeze, sweep
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    (base / "model.safetensors").write_bytes(b"\0" * 64)
+    reg = _registration(tmp_path, base)
+    sweeps = []
+    common = [
+        "--target",
+        "shop-mixed",
+        "--base",
+        str(base),
+        "--budgets",
+        "2560",
+        "--validation",
+        "600000:600100",
+    ]
+    # the sweep processes: validation seeds, the sweep seed, a rate of the grid
+    ok_sweep = settings.parse_settings(
+        [*common, "--lr-sweep", "--train-seeds", "100", "--learning-rate", "1e-3"], "doc"
+    )
+    assert freeze.check(reg, ok_sweep)["digests_now"] == results.read(reg, freeze.PREREGISTRATION)["digests"]
+    bad_sweep = settings.parse_settings(
+        [*common, "--lr-sweep", "--train-seeds", "0", "--learning-rate", "3e-3"], "doc"
+    )
+    with pytest.raises(results.Refused) as e:
+        freeze.check(reg, bad_sweep)
+    assert "train seeds [0] (registered: [100])" in str(e.value) and "learning rates [0.003]" in str(e.value)
+    # the test run: registered test seeds, its rates from a sweep over the grid
+    for m in ("grpo_target", "trace"):
+        for lr in (1e-3, 2e-3):
+            sweeps.append(_sweep(tmp_path / f"{m}-{lr}.json", m, lr, [0.5 + lr], args=common))
+    run = [*common, "--held-out", "700000:700600", "--train-seeds", "2"]
+    s = sweep.apply(settings.parse_settings([*run, "--learning-rate-from", *map(str, sweeps)], "doc"))
+    assert freeze.check(reg, s)["file"] == str(reg)
+    no_sweep = settings.parse_settings(run, "doc")
+    with pytest.raises(results.Refused, match="no --learning-rate-from"):
+        freeze.check(reg, no_sweep)
+    other = sweep.apply(
+        settings.parse_settings(
+            [
+                *common,
+                "--held-out",
+                "500000:500600",
+                "--train-seeds",
+                "4",
+                "--learning-rate-from",
+                *map(str, sweeps),
+            ],
+            "doc",
+        )
+    )
+    with pytest.raises(results.Refused) as e:
+        freeze.check(reg, other)
+    assert "test seeds 500000:500600 (registered: 700000:700600)" in str(e.value)
+    assert "train seeds [4]" in str(e.value)
+    # the base agent changed after it was registered: its digest says so
+    (base / "model.safetensors").write_bytes(b"\1" * 64)
+    with pytest.raises(results.Refused, match="base digest"):
+        freeze.check(reg, s)
+
+
+def test_the_target_digest_follows_what_the_target_does():
+    from se import freeze
+
+    assert freeze.tasks_sha256("shop-mixed") == freeze.tasks_sha256("shop-mixed")
+    assert freeze.tasks_sha256("shop-mixed") != freeze.tasks_sha256("shop")
+
+
+def test_the_benchmark_refuses_a_run_that_is_not_the_registered_one(tmp_path, run_benchmark):
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    reg = _registration(tmp_path, base)
+    out = tmp_path / "se.json"
+    args = ["--preregistered", str(reg), "--target", "shop-mixed", "--base", str(base), "--budgets", "2560"]
+    proc = run_benchmark("sample_efficiency.py", *args, "--store", str(tmp_path / "st"), "--out", str(out))
+    assert proc.returncode == 2 and "not the registered run" in proc.stderr, proc.stderr[-2000:]
+    assert "test seeds 500000:500200 (registered: 700000:700600)" in proc.stderr
+    assert not out.exists() and not (tmp_path / "st").exists()
