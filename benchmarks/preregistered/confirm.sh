@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The pre-registered confirmatory run (issue 31; sample_efficiency_mixed.json here): the learning-rate sweep, then
+# one process per method and training seed, then --combine. Each process has its own store under $STORES and
+# resumes where it stopped when started again (finished units from OUT.partial.json, a GRPO run from its last
+# checkpoint); each is refused (exit 2) if it is not the registered run (seeds, budget, rates, base, target).
+#
+#   bash benchmarks/preregistered/confirm.sh sweep     # 6 processes: {grpo_target, trace} x lr_grid, seed 100
+#   bash benchmarks/preregistered/confirm.sh main      # 8 processes: {trace, grpo_target} x seeds 0..3
+#   bash benchmarks/preregistered/confirm.sh combine   # benchmarks/results/sample_efficiency_mixed.json
+#
+# JOBS processes at a time (default 2, one per core, OMP_NUM_THREADS=1 each); results in $OUT, logs in $STORES;
+# DRY=1 prints the commands instead.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+REG=benchmarks/preregistered/sample_efficiency_mixed.json
+OUT=${OUT:-benchmarks/results/confirm}
+STORES=${STORES:-/tmp/trace-confirm}
+JOBS=${JOBS:-2}
+PY=${PY:-.venv/bin/python}
+mkdir -p "$OUT" "$STORES"
+reg() { "$PY" -c "import json,sys; print(json.load(open('$REG'))[sys.argv[1]])" "$1"; }
+common=(--preregistered "$REG" --target "$(reg target)" --base "$(reg base)" --budgets "$(reg budget)"
+        --validation "$(reg validation)")
+one() {  # one process: NAME then its own options
+  local name=$1; shift
+  echo "$(date -u +%H:%M:%S) start $name"
+  if [ -n "${DRY:-}" ]; then echo "$PY benchmarks/sample_efficiency.py ${common[*]} $*"; return; fi
+  OMP_NUM_THREADS=1 "$PY" benchmarks/sample_efficiency.py "${common[@]}" "$@" --store "$STORES/$name" \
+    --out "$OUT/$name.json" > "$STORES/$name.log" 2>&1 && echo "$(date -u +%H:%M:%S) done $name" \
+    || { echo "$(date -u +%H:%M:%S) FAILED $name (see $STORES/$name.log)"; return 1; }
+}
+export -f one; export PY OUT STORES DRY; export COMMON="${common[*]}"
+run_all() {  # lines "NAME OPTIONS..." on stdin, JOBS at a time
+  xargs -P "$JOBS" -L 1 bash -c 'common=($COMMON); one "$@"' _
+}
+case "${1:-}" in
+  sweep)
+    for lr in $("$PY" -c "import json; print(' '.join(map(str, json.load(open('$REG'))['lr_grid'])))"); do
+      for m in trace grpo_target; do
+        echo "lr-$m-$lr --lr-sweep --train-seeds $(reg lr_sweep_seed) --methods $m --learning-rate $lr"
+      done
+    done | run_all ;;
+  main)
+    sweeps=$(ls "$OUT"/lr-*.json)
+    for m in trace grpo_target; do
+      for s in $("$PY" -c "import json; print(' '.join(map(str, json.load(open('$REG'))['train_seeds'])))"); do
+        echo "se-$m-$s --held-out $(reg held_out) --train-seeds $s --methods $m --learning-rate-from" $sweeps
+      done
+    done | run_all ;;
+  combine)
+    "$PY" benchmarks/sample_efficiency.py --combine "$OUT"/se-*.json --out benchmarks/results/sample_efficiency_mixed.json ;;
+  *) sed -n 2,13p "$0"; exit 2 ;;
+esac
