@@ -2,7 +2,8 @@
 # The pre-registered confirmatory run (issue 31; sample_efficiency_mixed.json here): the learning-rate sweep, then
 # one process per method and training seed, then --combine. Each process has its own store under $STORES and
 # resumes where it stopped when started again (finished units from OUT.partial.json, a GRPO run from its last
-# checkpoint); each is refused (exit 2) if it is not the registered run (seeds, budget, rates, base, target).
+# checkpoint); one whose result is already in $OUT is not run again. Each is refused (exit 2) if it is not the
+# registered run (seeds, budget, rates, base, target).
 #
 #   bash benchmarks/preregistered/confirm.sh sweep     # 6 processes: {grpo_target, trace} x lr_grid, seed 100
 #   bash benchmarks/preregistered/confirm.sh main      # 8 processes: {trace, grpo_target} x seeds 0..3
@@ -23,6 +24,7 @@ common=(--preregistered "$REG" --target "$(reg target)" --base "$(reg base)" --b
         --validation "$(reg validation)")
 one() {  # one process: NAME then its own options
   local name=$1; shift
+  if [ -f "$OUT/$name.json" ]; then echo "$(date -u +%H:%M:%S) $name: done before ($OUT/$name.json)"; return; fi
   echo "$(date -u +%H:%M:%S) start $name"
   if [ -n "${DRY:-}" ]; then echo "$PY benchmarks/sample_efficiency.py ${common[*]} $*"; return; fi
   OMP_NUM_THREADS=1 "$PY" benchmarks/sample_efficiency.py "${common[@]}" "$@" --store "$STORES/$name" \
@@ -41,13 +43,13 @@ case "${1:-}" in
       done
     done | run_all ;;
   main)
-    sweeps=$(ls "$OUT"/lr-*.json)
+    sweeps=$(ls "$OUT"/lr-*.json | grep -v '\.partial\.json$')
     for m in trace grpo_target; do
       for s in $("$PY" -c "import json; print(' '.join(map(str, json.load(open('$REG'))['train_seeds'])))"); do
         echo "se-$m-$s --held-out $(reg held_out) --train-seeds $s --methods $m --learning-rate-from" $sweeps
       done
     done | run_all ;;
   combine)
-    "$PY" benchmarks/sample_efficiency.py --combine "$OUT"/se-*.json --out benchmarks/results/sample_efficiency_mixed.json ;;
+    "$PY" benchmarks/sample_efficiency.py --combine $(ls "$OUT"/se-*.json | grep -v '\.partial\.json$') --out benchmarks/results/sample_efficiency_mixed.json ;;
   *) sed -n 2,13p "$0"; exit 2 ;;
 esac
