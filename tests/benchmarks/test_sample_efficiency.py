@@ -722,3 +722,34 @@ def test_the_benchmark_refuses_a_run_that_is_not_the_registered_one(tmp_path, ru
     assert proc.returncode == 2 and "not the registered run" in proc.stderr, proc.stderr[-2000:]
     assert "test seeds 500000:500200 (registered: 700000:700600)" in proc.stderr
     assert not out.exists() and not (tmp_path / "st").exists()
+
+
+def test_confirm_script_runs_the_registered_processes(tmp_path):
+    """confirm.sh (DRY=1): the sweep is one process per method and rate of the registered grid, on the sweep seed;
+    the main run one per method and training seed, with the sweep's results (never a partial file); each passes
+    --preregistered; a process whose result exists is not run again."""
+    import subprocess
+
+    script = Path(results.REPO) / "benchmarks" / "preregistered" / "confirm.sh"
+    env = {"PATH": "/usr/bin:/bin", "DRY": "1", "OUT": str(tmp_path), "STORES": str(tmp_path / "st")}
+    env["PY"] = __import__("sys").executable
+
+    def run(phase):
+        done = subprocess.run(
+            ["bash", str(script), phase], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        return [line for line in done.stdout.splitlines() if "sample_efficiency.py" in line]
+
+    sweep = run("sweep")
+    assert len(sweep) == 6 and all(
+        "--preregistered" in c and "--lr-sweep --train-seeds 100" in c for c in sweep
+    )
+    assert (
+        sorted(c.split("--learning-rate ")[1] for c in sweep) == ["0.001"] * 2 + ["0.002"] * 2 + ["0.004"] * 2
+    )
+    for name in ("lr-trace-0.001.json", "lr-trace-0.001.partial.json", "se-trace-0.json"):
+        (tmp_path / name).write_text("{}")
+    main = run("main")
+    assert len(main) == 7  # se-trace-0 is done
+    assert all("--held-out 700000:700600" in c and c.endswith("lr-trace-0.001.json") for c in main)
