@@ -9,7 +9,8 @@ Seeds 0..19 are none of the benchmark's ranges (diagnosis and GRPO 300000+, test
 
 A pre-registration (`benchmarks/preregistered/*.json`, schema `preregistration.schema.json`) fixes, before the
 run, the digests, the test range (fresh: never evaluated before it was written), the training seeds, the
-budget, the learning-rate grid and the decision rule. `check()` refuses (exit 2) a run whose settings or
+budget, the learning-rate grid, the decision rule and (`settings`) any benchmark setting the run must have.
+`check()` refuses (exit 2) a run whose settings or
 digests differ from it; the result records it (`preregistration`).
 """
 
@@ -95,6 +96,9 @@ def check(path: Path, s: Settings) -> dict[str, Any]:
         else:
             grid = sorted({float(lr) for per in s.lr_sweep["pass@1"].values() for lr in per})
             expect("learning-rate sweep over", grid, sorted(reg["lr_grid"]))
+    mine = s.record()
+    for k, v in (reg.get("settings") or {}).items():
+        expect(k, mine.get(k), v)
     now = digests(s.base, reg["target"])
     for k, v in now.items():
         if v != reg["digests"][k]:

@@ -26,6 +26,9 @@ VARIES = (
     "purpose",
     "budgets",
 )  # what may differ between the sweep and the run it chooses for
+# the settings a GRPO-on-target sweep run depends on (TRACE's diagnosis, calibration, early stopping and gates
+# do not touch it): its result stands for a run whose TRACE settings differ
+GRPO_SETTINGS = ("episodes_per_step", "num_generations", "max_new_tokens", "validation", "base")
 COLUMN = {"grpo_target": "grpo_target", "trace": "trace"}  # the column that decides a method's rate
 TRAINING = {
     "grpo_target": lambda r: r.get("grpo_rollouts") or 0,
@@ -56,7 +59,10 @@ def choose(paths: list[Path], s: Settings) -> tuple[dict[str, float], dict[str, 
                 f"--learning-rate-from: {p} was measured on seeds {d['held_out']}, which overlap the test seeds "
                 f"{s.held_out}: a rate must never be chosen on test seeds"
             )
-        other = [k for k in RECORDED if k not in VARIES and d["settings"].get(k) != mine.get(k)]
+        keys = set(RECORDED) - set(VARIES)
+        if d.get("methods") == ["grpo_target"]:  # only what GRPO on the target depends on
+            keys &= set(GRPO_SETTINGS)
+        other = sorted(k for k in keys if d["settings"].get(k) != mine.get(k))
         if other or max(d["settings"]["budgets"]) != top:
             why = ", ".join(other) if other else f"largest budget {max(d['settings']['budgets'])} != {top}"
             raise Refused(f"--learning-rate-from: {p} is a sweep of another experiment ({why})")

@@ -753,3 +753,47 @@ def test_confirm_script_runs_the_registered_processes(tmp_path):
     main = run("main")
     assert len(main) == 7  # se-trace-0 is done
     assert all("--held-out 700000:700600" in c and c.endswith("lr-trace-0.001.json") for c in main)
+
+
+def test_a_grpo_sweep_stands_for_runs_whose_trace_settings_differ(tmp_path):
+    """TRACE's early stopping does not touch GRPO on the target: its sweep still counts; TRACE's sweep does not."""
+    from se import sweep
+
+    early = ("--budgets", "640", "--adapter-validation", "200000:200032", "--validation-every", "8")
+    g = _sweep(tmp_path / "g.json", "grpo_target", 1e-3, [0.5])  # swept with the default early stopping
+    t_old = _sweep(tmp_path / "t0.json", "trace", 1e-3, [0.6])
+    t_new = _sweep(tmp_path / "t1.json", "trace", 1e-3, [0.6], args=early)
+    run = settings.parse_settings([*early, "--learning-rate-from", str(g), str(t_new)], "doc")
+    assert sweep.apply(run).learning_rate == {"grpo_target": 1e-3, "trace": 1e-3}
+    stale = settings.parse_settings([*early, "--learning-rate-from", str(g), str(t_old)], "doc")
+    with pytest.raises(results.Refused, match="another experiment .*adapter_validation"):
+        sweep.apply(stale)
+    other_grpo = _sweep(
+        tmp_path / "g2.json", "grpo_target", 2e-3, [0.5], args=(*early, "--episodes-per-step", "16")
+    )
+    with pytest.raises(results.Refused, match="episodes_per_step"):
+        sweep.apply(
+            settings.parse_settings([*early, "--learning-rate-from", str(other_grpo), str(t_new)], "doc")
+        )
+
+
+def test_a_registration_can_fix_any_setting(tmp_path):
+    from se import freeze
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    reg_path = _registration(tmp_path, base)
+    reg = results.read(reg_path, freeze.PREREGISTRATION)
+    reg["settings"] = {"validation_every": 8, "adapter_validation": "200000:200032"}
+    reg_path.write_text(json.dumps(reg))
+    common = ["--target", "shop-mixed", "--base", str(base), "--budgets", "2560", "--lr-sweep"]
+    common += ["--train-seeds", "100", "--learning-rate", "1e-3"]
+    ok = settings.parse_settings(
+        [*common, "--adapter-validation", "200000:200032", "--validation-every", "8"], "doc"
+    )
+    assert freeze.check(reg_path, ok)["settings"] == reg["settings"]
+    with pytest.raises(results.Refused) as e:
+        freeze.check(reg_path, settings.parse_settings(common, "doc"))
+    assert "validation_every 4 (registered: 8)" in str(e.value)
+    assert "adapter_validation 200000:200016 (registered: 200000:200032)" in str(e.value)
