@@ -13,15 +13,18 @@
 # DRY=1 prints the commands instead.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-REG=benchmarks/preregistered/sample_efficiency_mixed.json
+REG=${REG:-benchmarks/preregistered/sample_efficiency_mixed.json}
 OUT=${OUT:-benchmarks/results/confirm}
 STORES=${STORES:-/tmp/trace-confirm}
 JOBS=${JOBS:-2}
 PY=${PY:-.venv/bin/python}
 mkdir -p "$OUT" "$STORES"
 reg() { "$PY" -c "import json,sys; print(json.load(open('$REG'))[sys.argv[1]])" "$1"; }
+# the registration's `settings` as options (--adapter-validation 200000:200032 ...)
+fixed=$("$PY" -c "import json; s = json.load(open('$REG')).get('settings') or {}
+print(' '.join(f'--{k.replace(\"_\", \"-\")} {\",\".join(map(str, v)) if isinstance(v, list) else v}' for k, v in s.items()))")
 common=(--preregistered "$REG" --target "$(reg target)" --base "$(reg base)" --budgets "$(reg budget)"
-        --validation "$(reg validation)")
+        --validation "$(reg validation)" $fixed)
 one() {  # one process: NAME then its own options
   local name=$1; shift
   if [ -f "$OUT/$name.json" ]; then echo "$(date -u +%H:%M:%S) $name: done before ($OUT/$name.json)"; return; fi
