@@ -10,7 +10,7 @@
 #   bash benchmarks/preregistered/confirm.sh combine   # benchmarks/results/sample_efficiency_mixed.json
 #
 # JOBS processes at a time (default 2, one per core, OMP_NUM_THREADS=1 each); results in $OUT, logs in $STORES;
-# DRY=1 prints the commands instead.
+# DRY=1 prints the commands instead; ONLY=trace (or grpo_target) runs one method's processes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 REG=${REG:-benchmarks/preregistered/sample_efficiency_mixed.json}
@@ -41,13 +41,13 @@ run_all() {  # lines "NAME OPTIONS..." on stdin, JOBS at a time
 case "${1:-}" in
   sweep)
     for lr in $("$PY" -c "import json; print(' '.join(map(str, json.load(open('$REG'))['lr_grid'])))"); do
-      for m in trace grpo_target; do
+      for m in ${ONLY:-trace grpo_target}; do
         echo "lr-$m-$lr --lr-sweep --train-seeds $(reg lr_sweep_seed) --methods $m --learning-rate $lr"
       done
     done | run_all ;;
   main)
     sweeps=$(ls "$OUT"/lr-*.json | grep -v '\.partial\.json$')
-    for m in trace grpo_target; do
+    for m in ${ONLY:-trace grpo_target}; do
       for s in $("$PY" -c "import json; print(' '.join(map(str, json.load(open('$REG'))['train_seeds'])))"); do
         echo "se-$m-$s --held-out $(reg held_out) --train-seeds $s --methods $m --learning-rate-from" $sweeps
       done
