@@ -7,5 +7,7 @@
 - `stats`: the table's arithmetic and the paired bootstrap of TRACE's gain against GRPO's;
 - `results`: the results files (JSON schemas in `benchmarks/schemas/`, checked on write and on read),
   `--combine`, and resuming a stopped run;
-- `output`: the printed tables and the plot.
+- `output`: the printed tables and the plot;
+- `sweep`: the learning-rate sweep on validation seeds and each method's rate chosen from it;
+- `freeze`: the digests of the target and the base agent, and the pre-registration a run must match.
 """

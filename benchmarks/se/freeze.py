@@ -31,10 +31,10 @@ PROBE_SEEDS = range(20)
 PREREGISTRATION = "preregistration"
 
 
-def dir_sha256(root: Path, pattern: str = "*") -> str:
+def dir_sha256(root: Path) -> str:
     """sha256 of every file under `root` (relative path and bytes, in sorted order; caches skipped)."""
     h = hashlib.sha256()
-    for p in sorted(root.rglob(pattern)):
+    for p in sorted(root.rglob("*")):
         if p.is_file() and "__pycache__" not in p.parts:
             h.update(p.relative_to(root).as_posix().encode() + b"\0")
             h.update(p.read_bytes())
