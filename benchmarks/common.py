@@ -8,6 +8,7 @@ script imports this module as `common`. Importing it puts the repository root on
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -82,10 +83,23 @@ def git_dirty() -> bool | None:
     return None if out is None else bool(out)
 
 
+@functools.cache
+def at_start() -> dict[str, Any]:
+    """The commit and dirty flag of the checkout when this process first asked (importing this module asks):
+    what a benchmark measured, even if the tree changes while it runs."""
+    return {"commit": git_commit(), "dirty": git_dirty()}
+
+
 def write_result(path: str | Path, doc: dict[str, Any]) -> Path:
     """The result as indented JSON (values JSON cannot hold as their str), its directory made if need be; every
-    result names the commit it was measured at and whether the tree was dirty (kept where the doc has them)."""
-    doc = {"commit": git_commit(), "dirty": git_dirty(), **doc}
+    result names the commit it was measured at and whether the tree was dirty — as they were when the process
+    started (kept where the doc has them); a tree that changed since is said (`tree_changed_during_run`: the
+    commit and dirty flag at writing)."""
+    start = at_start()
+    now = {"commit": git_commit(), "dirty": git_dirty()}
+    doc = {**start, **doc}
+    if now != start and "tree_changed_during_run" not in doc:
+        doc["tree_changed_during_run"] = now
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2, default=str) + "\n")
@@ -127,3 +141,6 @@ class Stages:
 
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+at_start()  # the checkout as this process found it (a benchmark imports this module first)
