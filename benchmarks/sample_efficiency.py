@@ -60,7 +60,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import command, git_commit, git_dirty
+from common import at_start, command
 from se import freeze, output
 from se.measure import Bench
 from se.methods import run_grpo_target, run_trace
@@ -96,8 +96,7 @@ def run(s: Settings, registered: dict[str, Any] | None = None) -> int:
     b = Bench(store_dir, s.max_new_tokens)
     t0 = time.monotonic()
     meta = {
-        "commit": git_commit(),
-        "dirty": git_dirty(),
+        **at_start(),  # the checkout this process started from
         "command": command(),
         "quick": s.quick,
         "held_out": s.held_out,

@@ -28,7 +28,9 @@ RECORDED = (
     "max_new_tokens", "validation", "base", "adapter_validation", "validation_every", "validation_patience",
     "env_tools", "purpose",
 )  # fmt: skip
-PURPOSES = ("test", "lr_sweep")  # what a run measures: the test seeds, or a learning rate on validation seeds
+LEARNING_RATE = (
+    2e-3  # GRPO's (LoRA) learning rate for both methods unless --learning-rate or a sweep says otherwise
+)
 
 
 def parse_learning_rate(text: str) -> dict[str, float]:
@@ -69,7 +71,7 @@ class Settings:
     moe_steps: int = 150
     episodes_per_step: int = 32
     num_generations: int = 8
-    learning_rate: dict[str, float] = field(default_factory=lambda: {m: 2e-3 for m in TRAINED})
+    learning_rate: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TRAINED, LEARNING_RATE))
     max_new_tokens: int = 120
     # early stopping of each TRACE adapter on its own environment's seeds (charged as `validation`)
     adapter_validation: str = "200000:200016"
@@ -152,7 +154,7 @@ def parser(doc: str) -> argparse.ArgumentParser:
     add(
         "--learning-rate",
         default=None,
-        help="GRPO learning rate (LoRA): one for both methods (2e-3) or one each (grpo_target=1e-3,trace=4e-3)",
+        help=f"GRPO learning rate (LoRA): one for both methods (default {LEARNING_RATE}) or one each (grpo_target=1e-3,trace=4e-3)",
     )
     add(
         "--learning-rate-from",
@@ -241,7 +243,7 @@ def parse_settings(argv: list[str] | None, doc: str) -> Settings:
     if a.lr_sweep:  # the sweep's trained methods are measured on the validation seeds, never the test seeds
         a.held_out = a.validation
     try:
-        rates = parse_learning_rate(a.learning_rate or "2e-3")
+        rates = parse_learning_rate(a.learning_rate or str(LEARNING_RATE))
     except ValueError as e:
         ap.error(f"--learning-rate: {e}")
     out = a.out or RESULTS / (

@@ -29,7 +29,6 @@ VARIES = (
 # the settings a GRPO-on-target sweep run depends on (TRACE's diagnosis, calibration, early stopping and gates
 # do not touch it): its result stands for a run whose TRACE settings differ
 GRPO_SETTINGS = ("episodes_per_step", "num_generations", "max_new_tokens", "validation", "base")
-COLUMN = {"grpo_target": "grpo_target", "trace": "trace"}  # the column that decides a method's rate
 TRAINING = {
     "grpo_target": lambda r: r.get("grpo_rollouts") or 0,
     "trace": lambda r: (r.get("spent") or {}).get("total", 0),
@@ -72,10 +71,10 @@ def choose(paths: list[Path], s: Settings) -> tuple[dict[str, float], dict[str, 
             if r["budget"] != top:
                 continue
             for m in d.get("methods") or ():
-                if r.get(COLUMN[m]) is None:
+                if r.get(m) is None:  # a row's column of a method is its pass@1 (TRACE's: the MoE's)
                     continue
-                table[m].setdefault(repr(_rate_of(d, m)), []).append(float(r[COLUMN[m]]))
-                cost[m] += int(TRAINING[m](r)) + len(r.get(f"tasks_{COLUMN[m]}") or ())
+                table[m].setdefault(repr(_rate_of(d, m)), []).append(float(r[m]))
+                cost[m] += int(TRAINING[m](r)) + len(r.get(f"tasks_{m}") or ())
     missing = [m for m in TRAINED if not table[m]]
     if missing:
         raise Refused(f"--learning-rate-from: no sweep run of {', '.join(missing)} at budget {top}")

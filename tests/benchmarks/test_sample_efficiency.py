@@ -504,7 +504,7 @@ def _sweep(
     """A --lr-sweep result of one method and rate (the other settings from `args`): one run per value (training
     seeds 100, 101, ...)."""
     s = settings.parse_settings(["--lr-sweep", *args, "--learning-rate", str(lr)], "doc")
-    col = {"grpo_target": "grpo_target", "trace": "trace"}[method]
+    col = method  # a row's column of a method is named after it
     runs = []
     for i, v in enumerate(values):
         run = {"target": "shop-mixed", "budget": max(s.budgets), "seed": 100 + i, "base": 0.4, col: v}
