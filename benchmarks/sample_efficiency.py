@@ -135,12 +135,16 @@ def finish(s: Settings, runs, meta, wall, timings) -> int:
     """The result document (checked against its schema), written; its tables printed; the plot."""
     targets = summarize(runs)
     res = {"benchmark": "sample_efficiency", **meta, "trace_is": "moe", "targets": targets, "runs": runs}
+    if meta.get("preregistration"):  # the registered decision, applied
+        res["verdict"] = freeze.verdict(meta["preregistration"], targets)
     write(s.out, {**res, "timings_s": timings, "wall_s": wall})
     output.plot(targets, s.plot)
     if meta.get("lr_sweep"):
         output.print_lr_sweep(meta["lr_sweep"])
     for target, t in targets.items():
         output.print_target(target, t)
+    if res.get("verdict"):
+        output.print_verdict(res["verdict"])
     print(f"\nJSON: {s.out}   plot: {s.plot}   wall {wall} s")
     return 0
 

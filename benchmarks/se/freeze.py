@@ -29,6 +29,11 @@ from se.settings import Settings
 TARGET_PACKAGE = REPO / "trace_cli" / "envs" / "shop"
 PROBE_SEEDS = range(20)
 PREREGISTRATION = "preregistration"
+# the registered decision rule (a registration's `decision` says it in words): at the registered budget, every
+# rollout counted, the gain ratio of the means >= MIN_GAIN_RATIO and the paired bootstrap's one-sided 90 % lower
+# bound of TRACE gain - GRPO gain > MIN_DIFFERENCE_LOWER_90, with every registered training seed of both methods
+MIN_GAIN_RATIO = 2.0
+MIN_DIFFERENCE_LOWER_90 = 0.0
 
 
 def dir_sha256(root: Path) -> str:
@@ -114,3 +119,32 @@ def register(path: Path, reg: dict[str, Any]) -> Path:
 
     doc = {**reg, "digests": digests(reg["base"], reg["target"])}
     return write(path, doc, PREREGISTRATION)
+
+
+def verdict(reg: dict[str, Any], targets: dict[str, Any]) -> dict[str, Any]:
+    """The registered decision applied to a result's `targets`: the two numbers it reads, whether every
+    registered training seed of both methods is in (`complete`), and `holds` (False until it is complete)."""
+    t = targets.get(reg["target"]) or {}
+    row = next((r for r in t.get("budgets", []) if r["rollouts"] == reg["budget"]), None)
+    boot = (t.get("bootstrap") or {}).get(str(reg["budget"])) or {}
+    ratio = row["gain_ratio"] if row else None
+    lower = (boot.get("difference") or {}).get("lower_90")
+    runs = {m: (row[m]["runs"] if row else 0) for m in ("grpo_target", "trace")}
+    complete = all(n == len(reg["train_seeds"]) for n in runs.values()) and boot.get("seeds") == sorted(
+        reg["train_seeds"]
+    )
+    ratio_ok = ratio is not None and ratio >= MIN_GAIN_RATIO
+    lower_ok = lower is not None and lower > MIN_DIFFERENCE_LOWER_90
+    return {
+        "rule": f"gain ratio >= {MIN_GAIN_RATIO:g} and 90 % lower bound of TRACE gain - GRPO gain > "
+        f"{MIN_DIFFERENCE_LOWER_90:g} at {reg['budget']} rollouts, {len(reg['train_seeds'])} training seeds "
+        "per method",
+        "budget": reg["budget"],
+        "gain_ratio": ratio,
+        "difference_lower_90": lower,
+        "runs": runs,
+        "complete": complete,
+        "ratio_met": ratio_ok,
+        "lower_bound_met": lower_ok,
+        "holds": complete and ratio_ok and lower_ok,
+    }

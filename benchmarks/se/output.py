@@ -35,6 +35,21 @@ def print_lr_sweep(sweep: dict[str, Any]) -> None:
     print_table(["method", *rates, "chosen"], rows)
 
 
+def print_verdict(v: dict[str, Any]) -> None:
+    """The pre-registered decision, applied (se.freeze.verdict)."""
+
+    def num(x: Any, fmt: str) -> str:
+        return "n/a" if x is None else format(x, fmt)
+
+    state = "HOLDS" if v["holds"] else ("does not hold" if v["complete"] else "incomplete")
+    runs = ", ".join(f"{m} {n}" for m, n in v["runs"].items())
+    print(
+        f"\npre-registered decision ({v['rule']}): {state} — gain ratio {num(v['gain_ratio'], '.2f')}× "
+        f"({'met' if v['ratio_met'] else 'not met'}), 90 % lower bound {num(v['difference_lower_90'], '+.3f')} "
+        f"({'met' if v['lower_bound_met'] else 'not met'}); runs: {runs}"
+    )
+
+
 def print_bootstrap(boot: dict[str, Any]) -> None:
     """The paired bootstrap per budget (budgets whose runs have no per-task outcomes are skipped)."""
     rows = []

@@ -797,3 +797,51 @@ def test_a_registration_can_fix_any_setting(tmp_path):
         freeze.check(reg_path, settings.parse_settings(common, "doc"))
     assert "validation_every 4 (registered: 8)" in str(e.value)
     assert "adapter_validation 200000:200016 (registered: 200000:200032)" in str(e.value)
+
+
+def _registered_pair(tmp_path: Path, seed: int, gain: float, reg: dict, n: int = 30) -> Path:
+    """One seed's result of a registered run (both methods in one file), with per-task outcomes."""
+    tasks = {
+        "tasks_base": _outcomes([0.0] * n),
+        "tasks_grpo_target": _outcomes([0.2] * n),
+        "tasks_trace": _outcomes([gain] * n),
+    }
+    run = _run(reg["budget"], seed, 0.0, 0.2, gain, 0.1, **tasks)
+    return _result(tmp_path / f"{seed}.json", seed, 0.2, gain, runs=[run], preregistration=reg)
+
+
+@pytest.mark.parametrize(
+    ("gains", "seeds", "state"),
+    [
+        ((0.6, 0.4), (0, 1), "HOLDS"),  # ratio 2.5, lower bound +0.200
+        (
+            (0.3, 0.3),
+            (0, 1),
+            "does not hold",
+        ),  # ratio 1.5: the difference's lower bound is > 0, the ratio short
+        ((0.6,), (0,), "incomplete"),  # seed 1 missing: never holds, whatever the numbers
+    ],
+)
+def test_combine_applies_the_registered_decision(tmp_path, run_benchmark, gains, seeds, state):
+    """A registered run's combined result says whether the registered rule holds, from the two numbers it
+    names (gain ratio >= 2, 90 % lower bound of TRACE gain - GRPO gain > 0), and only with every seed in."""
+    reg = {
+        "file": "reg.json",
+        "target": "shop-mixed",
+        "train_seeds": [0, 1],
+        "budget": 640,
+        "held_out": "500000:500200",
+        "digests": {},
+        "digests_now": {},
+    }
+    paths = [_registered_pair(tmp_path, s, g, reg) for s, g in zip(seeds, gains, strict=True)]
+    out = tmp_path / "all.json"
+    proc = run_benchmark("sample_efficiency.py", "--combine", *map(str, paths), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    v = results.read(out)["verdict"]
+    assert v["holds"] is (state == "HOLDS") and v["complete"] is (state != "incomplete")
+    assert v["runs"] == {"grpo_target": len(seeds), "trace": len(seeds)}
+    if state == "does not hold":
+        assert v["gain_ratio"] == 1.5 and not v["ratio_met"] and v["lower_bound_met"]
+    assert "pre-registered decision (gain ratio >= 2 and 90 % lower bound" in proc.stdout
+    assert f": {state} — gain ratio {v['gain_ratio']:.2f}×" in proc.stdout

@@ -121,12 +121,17 @@ def test_report_renders_the_committed_sample_efficiency_result(demo_store, tmp_p
     page = b.read_text()
     assert len(_pngs(page)) == len(_pngs(a.read_text())) + 1 and "Sample efficiency" in page
     [panel] = _se_data(page)["targets"]
-    rows = doc["targets"]["shop-mixed"]["budgets"]
-    assert panel["target"] == "shop-mixed" and panel["rollouts"] == [640, 1280, 2560]
-    assert panel["methods"]["trace"]["mean"] == [r["trace"]["mean"] for r in rows]
-    assert panel["methods"]["merge"]["mean"] == [None, None, rows[2]["merge"]["mean"]]
+    rows = sorted(doc["targets"]["shop-mixed"]["budgets"], key=lambda r: r["rollouts"])
+    assert panel["target"] == "shop-mixed" and panel["rollouts"] == [r["rollouts"] for r in rows]
+    for m in ("grpo_target", "trace", "merge"):
+        assert panel["methods"][m]["mean"] == [r[m]["mean"] for r in rows]
     assert panel["gain_ratio"] == [r["gain_ratio"] for r in rows]
-    assert f"{rows[2]['gain_ratio']:.2f}×" in page  # the table beside the plot
+    last = rows[-1]
+    assert f"{last['gain_ratio']:.2f}×" in page  # the table beside the plot
+    boot = doc["targets"]["shop-mixed"].get("bootstrap") or {}
+    if boot.get(str(last["rollouts"])):  # the paired bootstrap, where the file has per-task outcomes
+        lower = boot[str(last["rollouts"])]["difference"]["lower_90"]
+        assert f"90 % lower bound {lower:+.3f}" in page
 
 
 def test_report_renders_a_combined_result_with_its_bootstrap(demo_store, tmp_path):
@@ -191,6 +196,34 @@ def test_report_renders_a_combined_result_with_its_bootstrap(demo_store, tmp_pat
     assert boot["difference"]["mean"] == 0.3 and boot["ratio"]["interval_95"] == [2.0, 3.0]
     assert "90 % lower bound +0.200" in page and "95 % interval [2.00, 3.00]" in page
     assert "commit(s) c0, c1 (clean)" in page
+    assert "Pre-registered decision" not in page  # not a registered run: no verdict
+    doc = json.loads(out.read_text())
+    doc["verdict"] = {
+        "rule": "gain ratio >= 2 and 90 % lower bound of TRACE gain - GRPO gain > 0 at 640 rollouts",
+        "budget": 640,
+        "gain_ratio": 2.5,
+        "difference_lower_90": 0.2,
+        "runs": {"grpo_target": 2, "trace": 2},
+        "complete": True,
+        "ratio_met": True,
+        "lower_bound_met": True,
+        "holds": True,
+    }
+    results.write(out, doc)
+    r = run_cli(
+        "report",
+        "--out",
+        str(tmp_path / "v.html"),
+        "--sample-efficiency",
+        str(out),
+        "--store",
+        str(demo_store.root),
+    )
+    assert r.exit_code == 0, r.output
+    assert (
+        "at 640 rollouts): holds: gain ratio 2.50×, 90 % lower bound +0.200"
+        in (tmp_path / "v.html").read_text()
+    )
 
 
 def test_report_bad_input_exits_2_and_writes_nothing(demo_store, tmp_path):

@@ -41,6 +41,15 @@ def _provenance(se: dict[str, Any]) -> str:
     )
 
 
+def _verdict(v: dict[str, Any]) -> str:
+    """A pre-registered run's decision, as the benchmark applied it (`verdict`)."""
+    state = "holds" if v.get("holds") else ("does not hold" if v.get("complete") else "incomplete")
+    return (
+        f"Pre-registered decision ({v.get('rule')}): {state}: gain ratio {_num(v.get('gain_ratio'), '{:.2f}×') or 'n/a'}, "
+        f"90 % lower bound {_num(v.get('difference_lower_90'), '{:+.3f}') or 'n/a'}"
+    )
+
+
 def _se_table(panel: dict[str, Any]) -> str:
     """Mean pass@1 per method and budget, the gain ratio, and the paired bootstrap where the file has it."""
     methods = list(panel["methods"])
@@ -111,6 +120,8 @@ def render(data: dict[str, Any]) -> tuple[str, int]:
         se = data["sample_efficiency"]
         parts.append("<h2>Sample efficiency</h2>")
         parts.append(f"<p class=muted>{html.escape(_provenance(se))}</p>")
+        if isinstance(se.get("verdict"), dict):
+            parts.append(f"<p><b>{html.escape(_verdict(se['verdict']))}</b></p>")
         for panel in se["targets"]:
             fig(plots.sample_efficiency(panel), f"{panel['target']}: held-out pass@1 against rollouts")
             parts.append(_se_table(panel))

@@ -240,7 +240,7 @@ def read_sample_efficiency(path: Path) -> dict[str, Any]:
             f"{path}: expected benchmarks/sample_efficiency.py's JSON (an object with 'targets', each with "
             "'budgets')"
         )
-    keep = ("commit", "dirty", "commits", "held_out", "train_seeds", "command")
+    keep = ("commit", "dirty", "commits", "held_out", "train_seeds", "command", "verdict")
     return {"file": str(path), **{k: doc.get(k) for k in keep}, "targets": panels}
 
 
