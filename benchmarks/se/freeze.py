@@ -23,6 +23,7 @@ from typing import Any
 
 from common import REPO
 
+from se import sweep
 from se.results import Refused, read
 from se.settings import Settings
 
@@ -75,7 +76,7 @@ def check(path: Path, s: Settings) -> dict[str, Any]:
     budget, and each method's rate from a sweep over the registered grid; a sweep run (`--lr-sweep`): the
     registered validation seeds, sweep seed, budget and a rate of the grid."""
     reg = read(path, PREREGISTRATION)
-    sweep = s.purpose == "lr_sweep"
+    sweeping = s.purpose == "lr_sweep"
     off = []
 
     def expect(what: str, have: Any, want: Any) -> None:
@@ -86,10 +87,10 @@ def check(path: Path, s: Settings) -> dict[str, Any]:
     expect("budgets", list(s.budgets), [reg["budget"]])
     expect("validation", s.validation, reg["validation"])
     expect("base", s.base, reg["base"])
-    seeds = [reg["lr_sweep_seed"]] if sweep else reg["train_seeds"]
+    seeds = [reg["lr_sweep_seed"]] if sweeping else reg["train_seeds"]
     if not set(s.train_seeds) <= set(seeds):
         off.append(f"train seeds {list(s.train_seeds)} (registered: {seeds})")
-    if sweep:
+    if sweeping:
         expect("measured on", s.held_out, reg["validation"])
         rates = sorted({s.lr(m) for m in s.methods})
         if not set(rates) <= set(reg["lr_grid"]):
@@ -99,8 +100,7 @@ def check(path: Path, s: Settings) -> dict[str, Any]:
         if s.lr_sweep is None:
             off.append("no --learning-rate-from (the registered run takes each method's rate from the sweep)")
         else:
-            grid = sorted({float(lr) for per in s.lr_sweep["pass@1"].values() for lr in per})
-            expect("learning-rate sweep over", grid, sorted(reg["lr_grid"]))
+            expect("learning-rate sweep over", sweep.grid(s.lr_sweep), sorted(reg["lr_grid"]))
     mine = s.record()
     for k, v in (reg.get("settings") or {}).items():
         expect(k, mine.get(k), v)

@@ -8,6 +8,7 @@ from typing import Any
 from common import print_table
 
 from se.stats import METHODS
+from se.sweep import grid
 
 
 def print_target(target: str, t: dict[str, Any]) -> None:
@@ -19,7 +20,7 @@ def print_target(target: str, t: dict[str, Any]) -> None:
 
 def print_lr_sweep(sweep: dict[str, Any]) -> None:
     """The learning-rate sweep that chose each method's rate (pass@1 on its validation seeds)."""
-    rates = sorted({lr for per in sweep["pass@1"].values() for lr in per}, key=float)
+    rates = [repr(lr) for lr in grid(sweep)]  # the record's keys are the rates' reprs
     print(
         f"\nlearning rate sweep on seeds {', '.join(sweep['measured_on'])} at {sweep['budget']} rollouts "
         f"(mean pass@1 over its runs; {sweep['rollouts']['total']} rollouts)"

@@ -97,6 +97,11 @@ def choose(paths: list[Path], s: Settings) -> tuple[dict[str, float], dict[str, 
     return chosen, record
 
 
+def grid(record: dict[str, Any]) -> list[float]:
+    """The rates a sweep record (`lr_sweep`) measured, ascending."""
+    return sorted({float(lr) for per in record["pass@1"].values() for lr in per})
+
+
 def apply(s: Settings) -> Settings:
     """`s` with the learning rates its `--learning-rate-from` sweep chose (unchanged without one)."""
     if not s.learning_rate_from:
