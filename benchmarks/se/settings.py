@@ -28,9 +28,8 @@ RECORDED = (
     "max_new_tokens", "validation", "base", "adapter_validation", "validation_every", "validation_patience",
     "env_tools", "purpose",
 )  # fmt: skip
-LEARNING_RATE = (
-    2e-3  # GRPO's (LoRA) learning rate for both methods unless --learning-rate or a sweep says otherwise
-)
+# GRPO's (LoRA) learning rate for both methods unless --learning-rate or a sweep says otherwise
+LEARNING_RATE = 2e-3
 
 
 def parse_learning_rate(text: str) -> dict[str, float]:

@@ -814,11 +814,8 @@ def _registered_pair(tmp_path: Path, seed: int, gain: float, reg: dict, n: int =
     ("gains", "seeds", "state"),
     [
         ((0.6, 0.4), (0, 1), "HOLDS"),  # ratio 2.5, lower bound +0.200
-        (
-            (0.3, 0.3),
-            (0, 1),
-            "does not hold",
-        ),  # ratio 1.5: the difference's lower bound is > 0, the ratio short
+        # ratio 1.5: the difference's lower bound is > 0, the ratio short
+        ((0.3, 0.3), (0, 1), "does not hold"),
         ((0.6,), (0,), "incomplete"),  # seed 1 missing: never holds, whatever the numbers
     ],
 )

@@ -128,10 +128,12 @@ def test_report_renders_the_committed_sample_efficiency_result(demo_store, tmp_p
     assert panel["gain_ratio"] == [r["gain_ratio"] for r in rows]
     last = rows[-1]
     assert f"{last['gain_ratio']:.2f}×" in page  # the table beside the plot
-    boot = doc["targets"]["shop-mixed"].get("bootstrap") or {}
-    if boot.get(str(last["rollouts"])):  # the paired bootstrap, where the file has per-task outcomes
-        lower = boot[str(last["rollouts"])]["difference"]["lower_90"]
-        assert f"90 % lower bound {lower:+.3f}" in page
+    # the registered run keeps per-task outcomes: its paired bootstrap and the registered decision are shown
+    lower = doc["targets"]["shop-mixed"]["bootstrap"][str(last["rollouts"])]["difference"]["lower_90"]
+    assert f"90 % lower bound {lower:+.3f}" in page
+    v = doc["verdict"]
+    assert v["complete"] and f"gain ratio {v['gain_ratio']:.2f}×, 90 % lower bound {lower:+.3f}" in page
+    assert ("): holds:" if v["holds"] else "): does not hold:") in page
 
 
 def test_report_renders_a_combined_result_with_its_bootstrap(demo_store, tmp_path):
