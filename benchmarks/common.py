@@ -118,13 +118,17 @@ def print_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
 
 class Stages:
     """Runs stages in one store (`execute`: skip-if-up-to-date makes a rerun cheap), logging each to stderr and
-    keeping its wall time, rounded to 0.1 s, by label in `timings`."""
+    keeping its wall time, rounded to 0.1 s, by label in `timings`. A stage's wall time is also kept in the store
+    (logs/stage_times.jsonl, by artifact): a rerun that finds the stage up to date reports the time it took when it
+    ran, and names the label in `reused`, so a benchmark resumed across sessions still says what each stage cost."""
 
     def __init__(self, store_dir: str | Path):
         from trace_cli.store import Store
 
         self.store = Store(store_dir)
+        self.times_path = Path(store_dir) / "logs" / "stage_times.jsonl"
         self.timings: dict[str, float] = {}
+        self.reused: list[str] = []
 
     def run(self, label: str, stage: str, config: dict[str, Any], *, name: str | None = None):
         """`execute(stage, config)` in the store: the stage's Outcome."""
@@ -133,10 +137,31 @@ class Stages:
         log(f"{label}: {stage} {json.dumps(config, default=str)[:400]}")
         t = time.monotonic()
         out = execute(stage, config, self.store, name=name)
-        self.timings[label] = round(time.monotonic() - t, 1)
+        wall = self.settle(label, out.main.uri, round(time.monotonic() - t, 1), skipped=out.skipped)
         done = "up to date" if out.skipped else json.dumps(out.main.summary, default=str)[:400]
-        log(f"{label}: {self.timings[label]} s  {done}")
+        log(f"{label}: {wall} s  {done}")
         return out
+
+    def settle(self, label: str, uri: str, wall: float, *, skipped: bool) -> float:
+        """Record `label`'s wall time (a stage run here or in a child process): a fresh artifact's in the store's
+        log, an up-to-date one's from that log when it has it. Returns the time recorded."""
+        earlier = self.earlier_times().get(uri) if skipped else None
+        if earlier is not None:
+            wall = earlier
+            self.reused.append(label)
+        elif not skipped:
+            self.times_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.times_path.open("a") as f:
+                f.write(json.dumps({"artifact": uri, "wall_s": wall}) + "\n")
+        self.timings[label] = wall
+        return wall
+
+    def earlier_times(self) -> dict[str, float]:
+        """Wall time of each artifact this store's stages made, by URI (the last run's)."""
+        if not self.times_path.exists():
+            return {}
+        rows = (json.loads(line) for line in self.times_path.read_text().splitlines() if line.strip())
+        return {r["artifact"]: r["wall_s"] for r in rows}
 
 
 def log(message: str) -> None:

@@ -34,6 +34,8 @@ from typing import Any
 
 from common import REPO, RESULTS, Stages, command, machine, print_table, write_result
 
+from trace_cli.errors import UsageError
+
 SHOP_TRAIN = 100000  # SFT demonstrations: shop seeds SHOP_TRAIN:SHOP_TRAIN+demos
 SHOP_DIAG = 200000  # the diagnosis's own rollouts: shop seeds SHOP_DIAG:SHOP_DIAG+diag_rollouts
 ENV_TRAIN = 100000  # GRPO seeds of the synthesized environment (its calibration seeds lie in the same range)
@@ -84,6 +86,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=100,
         help="shop rollouts the diagnosis reads (0: the base evaluation's own rollouts)",
+    )
+    ap.add_argument("--sft-epochs", type=int, default=1, help="SFT passes over the demonstrations")
+    ap.add_argument(
+        "--sft-learning-rate",
+        type=float,
+        default=3e-4,
+        help="SFT's (a LoRA r16, merged; the stage's default)",
     )
     ap.add_argument("--cal-seeds", type=int, default=16, help="calibration: N seeds (groups)")
     ap.add_argument("--cal-rollouts", type=int, default=8, help="calibration: K rollouts per seed")
@@ -193,6 +202,8 @@ def _configs(a, ev, steps, cal, base, sft, diag_rollouts, diagnosis, cap, env) -
             "model": base,
             "seeds": f"{SHOP_TRAIN}:{SHOP_TRAIN + a.demos}",
             "batch_size": 1,
+            "epochs": a.sft_epochs,
+            "learning_rate": a.sft_learning_rate,
             "seed": a.seed,
         },
         "shop_eval_base": {
@@ -393,7 +404,8 @@ class Beside:
         if self.proc.returncode:
             raise SystemExit(f"{self.label}: trace eval exited {self.proc.returncode}")
         doc, wall = json.loads(out), round(time.monotonic() - self.t0, 1)
-        self.stages.timings[self.label] = self.res[f"{self.label}_s"] = wall
+        wall = self.stages.settle(self.label, doc["eval"], wall, skipped=doc["skipped"])
+        self.res[f"{self.label}_s"] = wall
         s = doc["summary"]
         self.res[self.label] = {"pass@1": s["pass@1"], "episodes": s["episodes"], "rollouts": doc["rollouts"]}
 
@@ -443,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     def save() -> None:
         res["total_s"] = round(time.monotonic() - t_all, 1)
         res["stages_s"] = {k: v for k, v in stages.timings.items()}
+        res["reused"] = list(stages.reused)  # up to date from an earlier run of this store: its wall time
         write_result(a.out, res)
 
     base = step("import", {"source": a.source}, name="smollm2").main
@@ -456,7 +469,13 @@ def main(argv: list[str] | None = None) -> int:
     if "diag_rollouts" in plan:
         ro_uri = step("diag_rollouts", plan["diag_rollouts"]).outputs["rollouts"].uri
     plan = configs(a, base.uri, sft.uri, ro_uri, "", "", "")
-    diag = step("diagnose", plan["diagnose"]).outputs["diagnosis"]
+    try:
+        diag = step("diagnose", plan["diagnose"]).outputs["diagnosis"]
+    except UsageError as e:  # e.g. an SFT model that never succeeds on the shop: no contrast to diagnose
+        res["error"] = f"diagnose: {e}"
+        save()
+        print(res["error"], file=sys.stderr)
+        return 1
     selected = list(diag.summary.get("selected") or [])
     res["selected"] = selected
     if not selected:

@@ -33,3 +33,20 @@ def test_a_result_names_the_checkout_it_started_from(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "git_commit", lambda: "f" * 40)
     moved = json.loads(write_result(tmp_path / "b.json", {"rows": []}).read_text())
     assert moved["commit"] == start["commit"] and moved["tree_changed_during_run"]["commit"] == "f" * 40
+
+
+def test_a_stage_found_up_to_date_reports_the_wall_time_it_took_when_it_ran(tmp_path):
+    """Stages keeps each artifact's wall time in the store, so a benchmark resumed on the same store (another
+    session) reports what a reused stage cost, and says which labels were reused."""
+    from common import Stages
+
+    first = Stages(tmp_path / "store")
+    assert first.settle("sft", "store://model/a", 812.4, skipped=False) == 812.4
+    assert first.settle("eval", "store://eval/b", 0.3, skipped=True) == 0.3  # made before the log: as measured
+    again = Stages(tmp_path / "store")
+    assert again.settle("sft", "store://model/a", 0.2, skipped=True) == 812.4
+    assert again.settle("eval", "store://eval/b", 0.1, skipped=True) == 0.1
+    assert again.reused == ["sft"] and again.timings == {"sft": 812.4, "eval": 0.1} and first.reused == []
+    rerun = Stages(tmp_path / "store")  # the stage ran again (its artifact deleted): the newest time wins
+    rerun.settle("sft", "store://model/a", 700.0, skipped=False)
+    assert Stages(tmp_path / "store").earlier_times() == {"store://model/a": 700.0}

@@ -167,3 +167,12 @@ def test_session_profile_runs_end_to_end_on_a_small_checkpoint(run_benchmark, tm
     assert doc["grpo_seconds_per_episode"] > 0
     assert set(doc["stages_s"]) == {k for k in rml.STAGE_OF if k != "diag_rollouts"}
     assert doc["env_eval_base"]["episodes"] == 3 and "shop_pass@1_adapter" in doc["acceptance"]
+    # a rerun on the same store finds every stage up to date and reports what each cost when it ran
+    again = tmp_path / "again.json"
+    proc = run_benchmark(
+        "real_model_loop.py", *args, *[str(again) if s == str(out) else s for s in src], timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    redo = json.loads(again.read_text())
+    assert set(redo["reused"]) == set(doc["stages_s"]) and redo["stages_s"] == doc["stages_s"]
+    assert doc["reused"] == [] and redo["acceptance"] == doc["acceptance"]
