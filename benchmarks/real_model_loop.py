@@ -127,6 +127,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "its environment eval (each a `trace eval` process on one thread)",
     )
     ap.add_argument(
+        "--grpo-steps",
+        type=int,
+        default=None,
+        help="GRPO optimizer steps, fixed (wins over --rollouts and --budget-min): a run resumed in another "
+        "session trains the adapter the first one planned",
+    )
+    ap.add_argument(
+        "--stop-before-grpo",
+        action="store_true",
+        help="run up to the calibrated environment and the base's evaluation on it, then stop; a rerun on the same "
+        "store reuses all of it (each stage's wall time too) and goes on with GRPO",
+    )
+    ap.add_argument(
         "--plumbing",
         action="store_true",
         help="loose diagnosis and calibration: checks the flow, measures nothing",
@@ -168,7 +181,9 @@ def evals_after_grpo(a) -> int:
 def budget_steps(a, elapsed_s: float, eval_s_per_episode: float, rollout_s_per_episode: float) -> int:
     """GRPO steps for the run: all of --rollouts without a budget; else as many as fit in what the budget leaves
     after the evaluations still to run (at the base evaluation's cost per episode), each fresh episode costing
-    a calibration episode times GRPO_TRAIN_FACTOR; never fewer than the reused steps + 1."""
+    a calibration episode times GRPO_TRAIN_FACTOR; never fewer than the reused steps + 1. --grpo-steps wins."""
+    if a.grpo_steps:
+        return a.grpo_steps
     most = grpo_steps(a.rollouts, a.episodes_per_step)
     reused = reuse_steps(a.cal_seeds * a.cal_rollouts, a.episodes_per_step, most)
     if a.budget_min is None:
@@ -258,7 +273,8 @@ def _configs(a, ev, steps, cal, base, sft, diag_rollouts, diagnosis, cap, env) -
             "max_completion_length": 1024,
             "max_turns": a.max_turns,
             "reuse_calibration": reuse_steps(cal, a.episodes_per_step, steps),
-            "checkpoint_every": 4,  # a stopped run resumes (not part of the artifact id)
+            "checkpoint_every": 4,  # a stopped run resumes (neither is part of the artifact id)
+            "resume": True,
             "require_learning": False,  # no learning is a result here, not an error
         },
         "env_eval_base": {
@@ -404,7 +420,8 @@ class Beside:
         if self.proc.returncode:
             raise SystemExit(f"{self.label}: trace eval exited {self.proc.returncode}")
         doc, wall = json.loads(out), round(time.monotonic() - self.t0, 1)
-        wall = self.stages.settle(self.label, doc["eval"], wall, skipped=doc["skipped"])
+        # keyed as Stages.run keys an in-process eval: by its main artifact, the rollouts
+        wall = self.stages.settle(self.label, doc["rollouts"], wall, skipped=doc["skipped"])
         self.res[f"{self.label}_s"] = wall
         s = doc["summary"]
         self.res[self.label] = {"pass@1": s["pass@1"], "episodes": s["episodes"], "rollouts": doc["rollouts"]}
@@ -492,6 +509,11 @@ def main(argv: list[str] | None = None) -> int:
     steps = budget_steps(a, time.monotonic() - t_all, eval_s, res["synthesize_s"] / cal_episodes)
     plan = configs(a, base.uri, sft.uri, ro_uri, diag.uri, cap, env.uri, steps=steps)
     save()
+    if a.stop_before_grpo:
+        evaluate("env_eval_base", plan["env_eval_base"])
+        save()
+        print("stopped before GRPO: rerun without --stop-before-grpo (same store) to go on", file=sys.stderr)
+        return 0
     beside = Beside(a, stages, res) if a.parallel_evals else None
     if beside:
         beside.start("env_eval_base", plan["env_eval_base"])

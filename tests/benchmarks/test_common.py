@@ -42,7 +42,9 @@ def test_a_stage_found_up_to_date_reports_the_wall_time_it_took_when_it_ran(tmp_
 
     first = Stages(tmp_path / "store")
     assert first.settle("sft", "store://model/a", 812.4, skipped=False) == 812.4
-    assert first.settle("eval", "store://eval/b", 0.3, skipped=True) == 0.3  # made before the log: as measured
+    assert (
+        first.settle("eval", "store://eval/b", 0.3, skipped=True) == 0.3
+    )  # made before the log: as measured
     again = Stages(tmp_path / "store")
     assert again.settle("sft", "store://model/a", 0.2, skipped=True) == 812.4
     assert again.settle("eval", "store://eval/b", 0.1, skipped=True) == 0.1
