@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """The whole loop on a real pretrained model (issue 26; a benchmark, not CI): SmolLM2-135M-Instruct import -> LoRA SFT on
-shop demonstrations -> eval on held-out shop seeds -> diagnose its own shop rollouts -> synthesize + calibrate the
-top selected capability on it -> GRPO adapter (>= 256 rollouts, the calibration's episodes reused as its first
-steps) -> eval the SFT model ("base") and base + adapter on held-out seeds of that environment and on the shop.
+shop demonstrations -> eval on held-out shop seeds -> diagnose its own shop rollouts -> synthesize + calibrate on it
+the first selected capability that calibrates (a failed calibration is recorded, the next one tried) -> GRPO
+adapter (>= 256 rollouts, the calibration's episodes reused as its first steps) -> eval the SFT model ("base") and base + adapter on held-out seeds of that
+environment and on the shop.
 
 Every step goes through the stages `trace` runs, in one store (a rerun skips what is up to date). Prints a table and
 writes benchmarks/results/real_model_loop.json with the commit, the command, every stage's wall time and config,
@@ -93,6 +94,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=float,
         default=3e-4,
         help="SFT's (a LoRA r16, merged; the stage's default)",
+    )
+    ap.add_argument(
+        "--capability",
+        help="the selected capability to synthesize and train (default: the first, in the diagnosis's order, "
+        "whose calibration on the base finds a setting in band; one that fails is recorded and the next tried)",
     )
     ap.add_argument("--cal-seeds", type=int, default=16, help="calibration: N seeds (groups)")
     ap.add_argument("--cal-rollouts", type=int, default=8, help="calibration: K rollouts per seed")
@@ -427,6 +433,32 @@ class Beside:
         self.res[self.label] = {"pass@1": s["pass@1"], "episodes": s["episodes"], "rollouts": doc["rollouts"]}
 
 
+def synthesize_first(a, selected: list[str], plan_for, step, res: dict[str, Any]) -> tuple[str, Any]:
+    """The environment of the first capability (in the diagnosis's order, or --capability's) whose calibration
+    finds a setting in band on the base: (capability, environment), or (last tried, None). A calibration that
+    fails is recorded in res["calibrations"] (its attempts, its wall time) and the next capability is tried."""
+    from trace_cli.errors import CheckFailed
+
+    if a.capability and a.capability not in selected:
+        raise SystemExit(f"--capability {a.capability}: the diagnosis selected {', '.join(selected)}")
+    res["calibrations"] = {}
+    for cap in [a.capability] if a.capability else selected:
+        t = time.monotonic()
+        try:
+            env = step("synthesize", plan_for(cap)["synthesize"]).outputs["environment"]
+        except CheckFailed as e:
+            res["calibrations"][cap] = {
+                "calibrated": False,
+                "wall_s": round(time.monotonic() - t, 1),
+                "error": str(e),
+            }
+            print(f"{cap}: {e}", file=sys.stderr)
+            continue
+        res["calibrations"][cap] = {"calibrated": True, "wall_s": res["synthesize_s"], "uri": env.uri}
+        return cap, env
+    return cap, None
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     if a.dry_run:
@@ -500,9 +532,14 @@ def main(argv: list[str] | None = None) -> int:
         save()
         print(res["error"], file=sys.stderr)
         return 1
-    cap = selected[0]
-    plan = configs(a, base.uri, sft.uri, ro_uri, diag.uri, cap, "")
-    env = step("synthesize", plan["synthesize"]).outputs["environment"]
+    cap, env = synthesize_first(
+        a, selected, lambda c: configs(a, base.uri, sft.uri, ro_uri, diag.uri, c, ""), step, res
+    )
+    if env is None:
+        res["error"] = f"no selected capability calibrated on the base: {', '.join(res['calibrations'])}"
+        save()
+        print(res["error"], file=sys.stderr)
+        return 1
     res["environment"] = {"uri": env.uri, "capability": cap, "calibration": env.summary.get("calibration")}
     cal_episodes = a.cal_seeds * a.cal_rollouts
     eval_s = res["shop_eval_base_s"] / max(1, res["shop_eval_base"]["episodes"])

@@ -129,6 +129,50 @@ def test_budget_steps_fit_what_the_evaluations_leave():
     assert rml.budget_steps(fixed, 9000, 10.0, 5.0) == rml.budget_steps(fixed, 0, 0.0, 0.001) == 7
 
 
+def test_synthesize_first_records_a_failed_calibration_and_tries_the_next_capability():
+    from types import SimpleNamespace
+
+    from trace_cli.errors import CheckFailed
+
+    tried: list[str] = []
+
+    def step(label, cfg):
+        tried.append(cfg["capability"])
+        if cfg["capability"] != "second":
+            raise CheckFailed(f"calibration of {cfg['capability']} failed after 4 attempt(s)")
+        res["synthesize_s"] = 12.5
+        env = SimpleNamespace(uri="store://environment/e", summary={})
+        return SimpleNamespace(outputs={"environment": env})
+
+    def plan_for(cap):
+        return {"synthesize": {"capability": cap}}
+
+    res: dict = {}
+    a = rml.parse_args(["--profile", "session"])
+    cap, env = rml.synthesize_first(a, ["first", "second", "third"], plan_for, step, res)
+    assert (cap, env.uri, tried) == ("second", "store://environment/e", ["first", "second"])
+    assert (
+        res["calibrations"]["first"]["calibrated"] is False
+        and "4 attempt" in res["calibrations"]["first"]["error"]
+    )
+    assert res["calibrations"]["second"] == {
+        "calibrated": True,
+        "wall_s": 12.5,
+        "uri": "store://environment/e",
+    }
+    # none calibrates: every failure recorded, no environment
+    tried.clear()
+    cap, env = rml.synthesize_first(a, ["first", "third"], plan_for, step, res)
+    assert env is None and tried == ["first", "third"] and list(res["calibrations"]) == ["first", "third"]
+    # --capability picks one (and only one the diagnosis selected)
+    tried.clear()
+    picked = rml.parse_args(["--profile", "session", "--capability", "second"])
+    assert rml.synthesize_first(picked, ["first", "second"], plan_for, step, res)[0] == "second"
+    assert tried == ["second"]
+    with pytest.raises(SystemExit, match="selected first"):
+        rml.synthesize_first(picked, ["first"], plan_for, step, res)
+
+
 def test_session_dry_run_validates_its_configs(run_benchmark):
     proc = run_benchmark("real_model_loop.py", "--dry-run", "--profile", "session", timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
