@@ -2,8 +2,8 @@
 """The whole loop on a real pretrained model (issue 26; a benchmark, not CI): SmolLM2-135M-Instruct import -> LoRA SFT on
 shop demonstrations -> eval on held-out shop seeds -> diagnose its own shop rollouts -> synthesize + calibrate on it
 the first selected capability that calibrates (a failed calibration is recorded, the next one tried) -> GRPO
-adapter (>= 256 rollouts, the calibration's episodes reused as its first steps) -> eval the SFT model ("base") and base + adapter on held-out seeds of that
-environment and on the shop.
+adapter (>= 256 rollouts, the calibration's episodes reused as its first steps) -> eval the SFT model ("base") and
+base + adapter on held-out seeds of that environment and on the shop.
 
 Every step goes through the stages `trace` runs, in one store (a rerun skips what is up to date). Prints a table and
 writes benchmarks/results/real_model_loop.json with the commit, the command, every stage's wall time and config,
