@@ -158,6 +158,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a = ap.parse_args(argv)
     if a.episodes_per_step % a.num_generations:
         ap.error("--episodes-per-step must be a multiple of --num-generations")
+    if a.capability:  # a typo fails here, not after SFT and the shop eval (the diagnosis reads the catalogue)
+        from trace_cli.stages.diagnose import load_catalog
+
+        known = [c.name for c in load_catalog()]
+        if a.capability not in known:
+            ap.error(f"--capability {a.capability}: not in the catalogue ({', '.join(known)})")
     return a
 
 
@@ -507,6 +513,13 @@ def main(argv: list[str] | None = None) -> int:
         res["reused"] = list(stages.reused)  # up to date from an earlier run of this store: its wall time
         write_result(a.out, res)
 
+    def stop(error: str) -> int:
+        """The run cannot go on: the error goes into the JSON (with everything measured so far) and to stderr."""
+        res["error"] = error
+        save()
+        print(error, file=sys.stderr)
+        return 1
+
     base = step("import", {"source": a.source}, name="smollm2").main
     sft_cfg = configs(a, base.uri, "", "", "", "", "")["sft"]
     sft = step("sft", sft_cfg, name="smollm2-sft").main
@@ -521,25 +534,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         diag = step("diagnose", plan["diagnose"]).outputs["diagnosis"]
     except UsageError as e:  # e.g. an SFT model that never succeeds on the shop: no contrast to diagnose
-        res["error"] = f"diagnose: {e}"
-        save()
-        print(res["error"], file=sys.stderr)
-        return 1
+        return stop(f"diagnose: {e}")
     selected = list(diag.summary.get("selected") or [])
     res["selected"] = selected
     if not selected:
-        res["error"] = "the diagnosis selected no capability"
-        save()
-        print(res["error"], file=sys.stderr)
-        return 1
+        return stop("the diagnosis selected no capability")
     cap, env = synthesize_first(
         a, selected, lambda c: configs(a, base.uri, sft.uri, ro_uri, diag.uri, c, ""), step, res
     )
     if env is None:
-        res["error"] = f"no selected capability calibrated on the base: {', '.join(res['calibrations'])}"
-        save()
-        print(res["error"], file=sys.stderr)
-        return 1
+        return stop(f"no selected capability calibrated on the base: {', '.join(res['calibrations'])}")
     res["environment"] = {"uri": env.uri, "capability": cap, "calibration": env.summary.get("calibration")}
     cal_episodes = a.cal_seeds * a.cal_rollouts
     eval_s = res["shop_eval_base_s"] / max(1, res["shop_eval_base"]["episodes"])

@@ -166,11 +166,25 @@ def test_synthesize_first_records_a_failed_calibration_and_tries_the_next_capabi
     assert env is None and tried == ["first", "third"] and list(res["calibrations"]) == ["first", "third"]
     # --capability picks one (and only one the diagnosis selected)
     tried.clear()
-    picked = rml.parse_args(["--profile", "session", "--capability", "second"])
+    picked = rml.parse_args(["--profile", "session"])
+    picked.capability = (
+        "second"  # parse_args checks a name against the catalogue; this test's names are its own
+    )
     assert rml.synthesize_first(picked, ["first", "second"], plan_for, step, res)[0] == "second"
     assert tried == ["second"]
     with pytest.raises(SystemExit, match="selected first"):
         rml.synthesize_first(picked, ["first"], plan_for, step, res)
+
+
+def test_an_unknown_capability_is_refused_before_anything_runs(capsys):
+    with pytest.raises(SystemExit) as e:
+        rml.parse_args(["--profile", "session", "--capability", "tool_calling_precison"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        "--capability tool_calling_precison: not in the catalogue" in err and "tool_calling_precision" in err
+    )
+    assert rml.parse_args(["--capability", "tool_calling_precision"]).capability == "tool_calling_precision"
 
 
 def test_session_dry_run_validates_its_configs(run_benchmark):
