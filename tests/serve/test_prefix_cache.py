@@ -27,13 +27,15 @@ def test_blocks_chain_by_prefix_and_the_least_recently_used_go_first():
     pc.insert(toks, _kv(10))
     assert len(pc) == 2
     n, layers = pc.match(toks + [1, 2])
-    assert n == 8 and torch.equal(layers[1][0], _kv(8)[1][0])  # keys of positions 0..7, layer 1
+    # exact: the cache hands back slices of the tensors it was given (keys of positions 0..7, layer 1)
+    assert n == 8 and torch.equal(layers[1][0], _kv(8)[1][0])
     assert pc.match(toks, limit=7)[0] == 4  # whole blocks within the limit
     assert pc.match([100, 101, 102, 999, 104])[0] == 0  # the first block differs
     assert pc.match([0] * 4 + toks[4:8])[0] == 0  # the same second block after another first one
     # an insert that starts after cached blocks adds only the new ones
     pc.insert(toks + [110, 111, 112, 113], _kv(6, start=8), offset=8)
     n, layers = pc.match(toks + [110, 111, 112, 113, 0])
+    # exact: slices of the stored tensors, no arithmetic
     assert n == 12 and torch.equal(layers[0][1], _kv(12)[0][1])
     # under a cap of 3 blocks, the tail of the oldest chain is evicted first, its head kept
     block_bytes = pc.bytes // 3

@@ -130,6 +130,7 @@ def test_served_router_completion_and_route_equal_the_policy(served_router, tiny
         _same(msg, direct.raw, pol)
         routes.append(route)
     assert len(pol.decisions) == 2  # routed at the two user turns only, as in eval
+    # exact: no new user turn, so the decision of step 1 is reused, not recomputed
     assert routes[2] == routes[1]
 
 
@@ -160,6 +161,7 @@ def test_composition_refs_load_the_composition_policy(served_router, tiny):
     pol = load_policy(resolve_model("store://composition/m", st), temperature=0.0, max_new_tokens=4)
     base = load_policy(resolve_model(str(tiny.hf)), temperature=0.0, max_new_tokens=4)
     w = dict(pol.model.named_parameters())
+    # exact: any difference at all shows the merged weights are loaded
     assert any(
         not w[n].equal(p) for n, p in base.model.named_parameters()
     )  # the merged weights, not the base

@@ -108,6 +108,7 @@ def test_weight_merge_equals_peft_and_restores(composed_store, tiny):
     with torch.no_grad():
         assert torch.allclose(model(x).logits, want, atol=1e-4)
         merger.apply({})
+        # exact: the base weights restored (not recomputed), the same forward on them
         assert torch.equal(model(x).logits, before)
 
 

@@ -234,6 +234,7 @@ def test_tau2_fast_and_plain_paths_agree(tau2_dir):
         fast = tau2_read.records(orjson.loads(path.read_bytes()), path, "s", fast=True)
         plain = tau2_read.records(json.loads(path.read_text()), path, "s", fast=False)
         assert not fast[1] and not plain[1]
+        # exact: two JSON parsers on the same text (no float arithmetic)
         assert _decoded(fast[0]) == _decoded(plain[0])
         for ep, rows in fast[0]:
             assert isinstance(ep["messages"], bytes) and all(type(r[4]) in (bytes, str) for r in rows)
@@ -252,6 +253,7 @@ def test_jsonl_fast_and_plain_paths_agree():
         line = json.dumps(rec).encode()
         fast = jsonl.read_record(orjson.loads(line), i, "s", {}, fast=True)
         plain = jsonl.read_record(json.loads(line), i, "s", {}, fast=False)
+        # exact: two JSON parsers on the same text (no float arithmetic)
         assert _decoded([fast]) == _decoded([plain])
 
 

@@ -43,6 +43,7 @@ def test_only_lora_parameters_train(trained):
         name = "base_model.model." + k.replace(".weight", ".base_layer.weight")
         p = named.get(name, named.get("base_model.model." + k))
         assert p is not None, k
+        # exact: LoRA training never writes the base weights
         assert torch.equal(p.detach().cpu(), v), f"base weight {k} changed"
 
 
