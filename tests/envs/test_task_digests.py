@@ -50,3 +50,44 @@ def test_synthetic_tasks_are_pinned():
                     yield dataclasses.asdict(obs), env.task_metadata(), dataclasses.asdict(env._scenario)
 
     assert _digest(scenarios()) == SYNTHETIC_DIGEST
+
+
+# Episodes, not only tasks: the observations, rewards and verdicts of fixed action sequences (the reference, the
+# reference cut short, a fuzzer's actions) on the synthetic templates (200 tasks each, at their default level)
+# and on the shop benchmark (`shop` and `shop-mixed`, seeds 0-99). Pinned before the world seam went in under
+# the templates: the shop world behind the seam must give the same episodes, step for step.
+EPISODES_DIGEST = "79731254ada2a2b7fa96d5f455695167483d50812ae7425f4479c0c5e383674b"
+
+
+def _episode(env: Any, seed: int, actions: list[dict[str, Any]]) -> Any:
+    from trace_cli.envs.scripted import replay
+
+    ep = replay(env, seed, actions)
+    return [dataclasses.asdict(r) for r in ep.results], dataclasses.asdict(ep.verdict)
+
+
+def _episodes() -> Iterable[Any]:
+    from trace_cli.envs.scripted import ActionFuzzer
+    from trace_cli.envs.shop import ShopEnv, ShopMixedEnv
+
+    for cls in TEMPLATES.values():
+        env = cls()
+        for seed in range(200):
+            obs = env.reset(seed)
+            yield dataclasses.asdict(obs), env.task_metadata(), dataclasses.asdict(env._scenario)
+            ref = env.reference_actions()
+            yield _episode(env, seed, ref)
+            yield _episode(env, seed, ref[: max(1, len(ref) // 2)] + [{"content": "Anything else?"}])
+            if seed % 10 == 0:
+                fuzz = ActionFuzzer(seed)
+                obs = env.reset(seed)
+                yield _episode(env, seed, [fuzz.action(obs) for _ in range(10)])
+    for env in (ShopEnv(), ShopMixedEnv()):
+        for seed in range(100):
+            obs = env.reset(seed)
+            yield dataclasses.asdict(obs), env.task_metadata()
+            yield _episode(env, seed, env.reference_actions())
+
+
+def test_episodes_are_pinned():
+    assert _digest(_episodes()) == EPISODES_DIGEST
