@@ -38,6 +38,8 @@ class HFPolicy:
     reuse_cache: bool = True
     # a models.prefix_cache.PrefixCache shared by all episodes (the system prompt and tools prefilled once)
     prefix_cache: Any = None
+    # the rollout engine (agents.engines: vllm, server); None: `model` in this process (`hf`)
+    engine: Any = None
 
     def __post_init__(self) -> None:
         from trace_cli.models.chat import eos_ids
@@ -79,6 +81,8 @@ class HFPolicy:
     def act(self, states: list[EpisodeState]) -> list[Turn]:
         from trace_cli.models.chat import render
 
+        if self.engine is not None:
+            return self._act_on_engine(states)
         if not self.reuse_cache:
             prompts = [render(self.tok, s.messages, s.tools, add_generation_prompt=True) for s in states]
             out = []
@@ -111,6 +115,39 @@ class HFPolicy:
             )
             for (i, ctx), ids, kv in zip(live, comps, caches, strict=True):
                 states[i].kv = kv
+                self._account(states[i], ctx, ids)
+                outs[i] = self.tok.decode(ids, skip_special_tokens=False)
+        return [as_turn(o, self.parse) for o in outs]
+
+    def _act_on_engine(self, states: list[EpisodeState]) -> list[Turn]:
+        """A turn per episode from the rollout engine: the same rendered context and stop tokens as the hf
+        path, the completion cut after its first stop token."""
+        from trace_cli.agents.engines import Draw
+        from trace_cli.models.chat import render
+
+        outs: list[Any] = [None] * len(states)
+        live: list[tuple[int, list[int]]] = []
+        for i, s in enumerate(states):
+            text = render(self.tok, s.messages, s.tools, add_generation_prompt=True)
+            ctx = self.tok(text, add_special_tokens=False)["input_ids"]
+            if self.max_context and len(ctx) + self.max_new_tokens > self.max_context:
+                s.done, s.termination = True, "max_length"
+                outs[i] = [{"malformed": "", "error": "the conversation no longer fits the model's context"}]
+                continue
+            live.append((i, ctx))
+        if live:
+            sampling = self.temperature > 0
+            if sampling and (self.top_p is None or self.seed is None):
+                raise ValueError("sampling (temperature > 0) needs top_p and a seed: pass the stage's")
+            seed = (self.seed or 0) * 100_003 + self._round  # as the hf path seeds its rounds
+            self._round += 1
+            draw = Draw(self.temperature, self.top_p if sampling else 1.0, 0, seed, tuple(self.eos))
+            comps, _ = self.engine.generate([c for _, c in live], self.max_new_tokens, draw)
+            stop = set(self.eos)
+            for (i, ctx), ids in zip(live, comps, strict=True):
+                ids = list(ids)[: self.max_new_tokens]
+                cut = next((k + 1 for k, t in enumerate(ids) if t in stop), len(ids))
+                ids = ids[:cut]
                 self._account(states[i], ctx, ids)
                 outs[i] = self.tok.decode(ids, skip_special_tokens=False)
         return [as_turn(o, self.parse) for o in outs]

@@ -68,6 +68,8 @@ class TokenPolicy:
     seed: int
     max_context: int | None = None
     generate_fn: Callable[[list[list[int]], int], tuple[list[list[int]], list | None]] | None = None
+    # the rollout engine (agents.engines: vllm, server); None: this process's model (`hf`)
+    engine: Any = None
     reuse_cache: bool = True
     # a models.prefix_cache.PrefixCache for the current weights (clear it after each optimizer step)
     prefix_cache: Any = None
@@ -157,6 +159,13 @@ class TokenPolicy:
     ) -> tuple[list[list[int]], list | None]:
         if self.generate_fn is not None:
             return self.generate_fn(ctxs, max_new)
+        if self.engine is not None:
+            from trace_cli.agents.engines import Draw
+
+            seed = (self.seed * 1_000_003 + self._round) % (1 << 62)  # as the hf path seeds its rounds
+            self._round += 1
+            draw = Draw(self.temperature, self.top_p, self.top_k, seed, tuple(self.eos_ids))
+            return self.engine.generate(ctxs, max_new, draw)
         import torch
 
         if states is not None and self.reuse_cache:

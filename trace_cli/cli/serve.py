@@ -88,6 +88,13 @@ def served_name(ref: str) -> str:
 @click.option(
     "--max-batch", type=click.IntRange(1), default=32, show_default=True, help="Rows in the running batch."
 )
+@click.option(
+    "--enable-lora",
+    is_flag=True,
+    help="Load and unload LoRA adapters while serving (vLLM's /v1/load_lora_adapter and "
+    "/v1/unload_lora_adapter; a request names an adapter by its lora_name): the `server` rollout engine "
+    "of trace train/eval/synthesize. A plain model only.",
+)
 @_setting_option("prefix_cache_mib", click.FloatRange(0))
 @_setting_option("prefill_chunk", click.IntRange(0))
 @store_option
@@ -100,6 +107,7 @@ def serve(
     max_tokens,
     batch_window_ms,
     max_batch,
+    enable_lora,
     prefix_cache_mib,
     prefill_chunk,
     store_dir,
@@ -121,6 +129,11 @@ def serve(
     from trace_cli.models.refs import resolve_model
 
     ref = resolve_model(model_ref, open_store(store_dir))
+    if enable_lora and ref.kind != "hf":
+        raise UsageError(
+            f"--enable-lora: {model_ref!r} is {a(ref.kind)}; adapters are loaded onto a plain model",
+            hint="serve the base model (store://model/NAME) with --enable-lora and load the adapter into it",
+        )
     if ref.kind not in ("hf", "adapter", "composition"):
         raise UsageError(
             f"{model_ref!r} is {a(ref.kind)} reference; trace serve serves local models, adapters and "
@@ -147,6 +160,7 @@ def serve(
         max_batch=max_batch,
         prefix_cache_mib=prefix_cache_mib,
         prefill_chunk=prefill_chunk,
+        enable_lora=enable_lora,
     )
     app = create_app(engine, api_key=api_key, default_max_tokens=max_tokens)
     import logging
@@ -162,6 +176,8 @@ def serve(
     if host not in ("127.0.0.1", "localhost", "::1"):
         info(f"warning: listening on {host}, not loopback: anyone who can reach it can use the model")
     info(f"serving {ref.display} as {name!r} at http://{host}:{port}/v1")
+    if enable_lora:
+        info("LoRA adapters: POST /v1/load_lora_adapter {lora_name, lora_path}; requests name them as model")
     info(f"τ²-bench: {tau2_command(name, host, port, api_key)}")
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
     info("server stopped")  # Ctrl-C is how a server is meant to stop: exit 0

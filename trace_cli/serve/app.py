@@ -8,7 +8,11 @@ refuses get its 400s (serve.requests). `tool_choice` "required" or a named funct
 family's format (the model writes the arguments); "none" offers no tools. Streams send each token's text as
 it is generated; a client that disconnects cancels its generation. One log line per request (logger
 `trace.serve`). A router composition routes each request on its messages as eval does and names its
-decision in the `x-trace-route` response header (JSON: skill -> weight)."""
+decision in the `x-trace-route` response header (JSON: skill -> weight).
+
+vLLM's token-level API is served too (serve.token_api): `/v1/completions` with token-id prompts, per-token
+log-probabilities and token ids, and with `--enable-lora` LoRA adapters loaded and unloaded at run time
+(`/v1/load_lora_adapter`, `/v1/unload_lora_adapter`), each served under its `lora_name`."""
 
 from __future__ import annotations
 
@@ -23,9 +27,10 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from trace_cli.serve import token_api
 from trace_cli.serve.engine import Engine
 from trace_cli.serve.job import Job
 from trace_cli.serve.requests import (
@@ -118,13 +123,7 @@ class Prompt:
 def prepare(served: Served, req: ChatRequest) -> Prompt:
     """Check the request (model, response_format, message sequence, context) and render its prompt."""
     engine = served.engine
-    if req.model != engine.name:
-        raise RequestError(
-            f"model {req.model!r} is not served here; this server serves {engine.name!r}",
-            param="model",
-            code="model_not_found",
-            status=404,
-        )
+    engine.adapter_for(req.model)  # the base model or a loaded LoRA adapter; else HTTP 404
     check_response_format(req)
     check_sequence(req.messages)
     tools, parse_tools, forced_names = tools_for(req)
@@ -143,7 +142,7 @@ def prepare(served: Served, req: ChatRequest) -> Prompt:
     return Prompt(messages, prompt_ids, max_tokens, forced, stop, parse_tools, forced_names)
 
 
-def make_jobs(req: ChatRequest, prompt: Prompt, events: asyncio.Queue) -> list[Job]:
+def make_jobs(engine: Engine, req: ChatRequest, prompt: Prompt, events: asyncio.Queue) -> list[Job]:
     """One generation job per choice (`n`); each reports its events to `events`, tagged with its index."""
     loop = asyncio.get_running_loop()
     jobs: list[Job] = []
@@ -163,6 +162,7 @@ def make_jobs(req: ChatRequest, prompt: Prompt, events: asyncio.Queue) -> list[J
                 prompt.forced,
                 prompt.messages,
                 seed=None if req.seed is None else req.seed + i,
+                adapter=engine.adapter_for(req.model),
             )
         )
     return jobs
@@ -207,7 +207,7 @@ async def chat(served: Served, req: ChatRequest, request: Request):
     prompt = prepare(served, req)
     state.prompt_tokens, state.stream = len(prompt.ids), req.stream
     events: asyncio.Queue[tuple[int, tuple]] = asyncio.Queue()
-    jobs = make_jobs(req, prompt, events)
+    jobs = make_jobs(engine, req, prompt, events)
     run = Run(engine, jobs, events, prompt.parse_tools, prompt.forced_names, prompt.stop)
     watch = asyncio.create_task(watch_disconnect(request, jobs))
     try:
@@ -277,10 +277,24 @@ def create_app(engine: Engine, *, api_key: str | None = None, default_max_tokens
 
     @app.get("/v1/models")
     async def models():
-        return {
-            "object": "list",
-            "data": [{"id": engine.name, "object": "model", "created": 0, "owned_by": "trace"}],
-        }
+        base = {"id": engine.name, "object": "model", "created": 0, "owned_by": "trace"}
+        loras = [
+            {"id": n, "object": "model", "created": 0, "owned_by": "trace", "root": p, "parent": engine.name}
+            for n, p in engine.loras.items()
+        ]
+        return {"object": "list", "data": [base, *loras]}
+
+    @app.post("/v1/completions")
+    async def completions(req: token_api.CompletionRequest, request: Request):
+        return JSONResponse(await token_api.completions(engine, req, request))
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(req: token_api.LoadLora, request: Request):
+        return PlainTextResponse(await token_api.load_lora(engine, req, request))
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(req: token_api.UnloadLora, request: Request):
+        return PlainTextResponse(await token_api.unload_lora(engine, req, request))
 
     @app.get("/stats")
     async def stats():

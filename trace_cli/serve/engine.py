@@ -12,6 +12,12 @@ earlier prompts and completions, by blocks of tokens), and is prefilled `prefill
 with a decode step of the running batch between two chunks: a long prompt holds the running streams up for
 one chunk at most, and a prefill whose client went away stops at the next chunk.
 
+With `enable_lora` (a plain model, `trace serve --enable-lora`) PEFT LoRA adapters are loaded and unloaded while it
+serves (`load_adapter`/`unload_adapter`: vLLM's `/v1/load_lora_adapter` API); a request names one by its model
+name. The worker thread applies the loads between decode steps; rows that share the running batch share one
+adapter (the active one), so the next adapter is switched in when the batch has emptied, and the prefix cache
+starts afresh with it (keys/values depend on the weights).
+
 A router composition re-merges its weights per routing decision, so its rows only share a batch with rows
 routed the same way: it routes waiting requests (on the base weights) when the batch is empty and runs one
 group at a time. A gated MoE with context gates keeps a running context per row, which follows the rows as
@@ -39,7 +45,15 @@ class Engine:
     """A loaded HF policy (HFPolicy or a composition's policy) behind a continuous-batching decode loop."""
 
     def __init__(
-        self, policy, name: str, *, window_s=0.0, max_batch=32, prefix_cache_mib=0.0, prefill_chunk=0
+        self,
+        policy,
+        name: str,
+        *,
+        window_s=0.0,
+        max_batch=32,
+        prefix_cache_mib=0.0,
+        prefill_chunk=0,
+        enable_lora=False,
     ):
         self.policy = policy
         self.name = name
@@ -61,6 +75,14 @@ class Engine:
         # keys/values depend on the tokens alone, unless a router re-merges weights or context gates keep state
         exact = not (self.routes or self._trace is not None or self.sliding)
         self.prefix = PrefixCache(int(prefix_cache_mib * 2**20)) if exact and prefix_cache_mib > 0 else None
+        # LoRA adapters loaded at run time (a plain model only: a composition's weights are its own)
+        self.enable_lora = bool(enable_lora) and not self.routes and self._trace is None
+        self.loras: dict[str, str] = {}  # served name -> adapter directory
+        self._active: str | None = None  # the adapter the running batch generates with (None: the base)
+        self._dead: set[str] = set()  # unloaded, still in the model until no row uses them
+        self._controls: queue.Queue = queue.Queue()
+        self.adapter_loads = 0
+        self.adapter_switches = 0
         # a prompt is prefilled `prefill_chunk` tokens at a time, a decode step of the running batch between
         # two chunks (0: in one pass); a gate context or a sliding window is not followed across chunks
         self.chunk = prefill_chunk if self._trace is None and not self.sliding else 0
@@ -136,6 +158,43 @@ class Engine:
             "prefix_cache_bytes": self.prefix.bytes if self.prefix else 0,
         }
 
+    def adapter_for(self, model: str) -> str | None:
+        """The LoRA a request for `model` generates with (None: the base model); an unknown name is HTTP 404."""
+        from trace_cli.serve.requests import RequestError
+
+        if model == self.name:
+            return None
+        if model in self.loras:
+            return model
+        served = ", ".join([self.name, *self.loras])
+        raise RequestError(
+            f"model {model!r} is not served here; this server serves {served}",
+            param="model",
+            code="model_not_found",
+            status=404,
+        )
+
+    async def control(self, op: str, name: str, path: str | None = None) -> None:
+        """Load (`op` load, from `path`) or unload a LoRA adapter; done by the worker thread between two
+        decode steps. Errors are RequestErrors (HTTP 400, or 404 for an unknown adapter)."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+
+        def done(err: Exception | None) -> None:
+            def put() -> None:
+                if fut.done():
+                    return
+                if err is None:
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(err)
+
+            loop.call_soon_threadsafe(put)
+
+        self._controls.put((op, name, path, done))
+        self._inbox.put(None)  # type: ignore[arg-type]  # wake the worker
+        await fut
+
     def submit(self, job: Job) -> Job:
         assert self._thread is not None, "Engine.start() first"
         self._inbox.put(job)
@@ -182,6 +241,7 @@ class Engine:
         with torch.inference_mode():
             while not self._stopping.is_set():
                 try:
+                    self._run_controls()
                     self._admit(block=not self._rows and self._pending is None)
                     if self._pending is not None:
                         self._prefill_step()
@@ -224,6 +284,17 @@ class Engine:
             key = self._waiting[0].key
             group = [j for j in self._waiting if j.key == key][: self.max_batch]
             self.policy.use_route(key)
+        elif self.enable_lora:
+            for j in [j for j in self._waiting if j.adapter is not None and j.adapter not in self.loras]:
+                j.emit(("error", self._gone(j.adapter)))  # unloaded while it waited
+            self._waiting = [j for j in self._waiting if j.adapter is None or j.adapter in self.loras]
+            if not self._waiting:
+                return
+            key = self._rows[0].adapter if self._rows else self._waiting[0].adapter
+            if not self._rows:
+                self._activate(key)
+            same = [j for j in self._waiting if j.adapter == key]
+            group = same[: max(0, self.max_batch - len(self._rows))]
         else:
             group = self._waiting[: max(0, self.max_batch - len(self._rows))]
         if not group:
@@ -239,6 +310,92 @@ class Engine:
             self._pending = self._prefill_inputs(group)
         except Exception as e:  # noqa: BLE001 - these requests fail (HTTP 500); the running batch goes on
             self._fail_prefill(group, e)
+
+    # -- LoRA adapters (worker thread) ---------------------------------------------------------------
+
+    @staticmethod
+    def _gone(name: str) -> Exception:
+        from trace_cli.serve.requests import RequestError
+
+        return RequestError(f"The lora adapter '{name}' cannot be found.", param="model", status=404)
+
+    def _run_controls(self) -> None:
+        while True:
+            try:
+                op, name, path, done = self._controls.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                self._load(name, path) if op == "load" else self._unload(name)
+            except Exception as e:  # noqa: BLE001 - the request that asked gets it (HTTP 400/404)
+                done(e)
+            else:
+                done(None)
+
+    def _load(self, name: str, path: str) -> None:
+        from peft import PeftModel
+
+        from trace_cli.serve.requests import RequestError
+
+        if not self.enable_lora:
+            raise RequestError(
+                "LoRA adapters are not enabled on this server: start it with --enable-lora", status=400
+            )
+        if name == self.name or name in self.loras:
+            raise RequestError(f"The lora adapter '{name}' has already been loaded.", status=400)
+        try:
+            if name in self._dead:  # unloaded, not yet dropped: drop it now (it is not the active one)
+                self.model.delete_adapter(name)
+                self._dead.discard(name)
+            if isinstance(self.model, PeftModel):
+                self.model.load_adapter(path, adapter_name=name)
+            else:
+                self.model = PeftModel.from_pretrained(self.model, path, adapter_name=name)
+                self.policy.model = self.model
+        except Exception as e:  # noqa: BLE001 - a path that holds no adapter of this model is the caller's
+            raise RequestError(f"Loading lora adapter '{name}' from {path} failed: {e}", status=400) from e
+        self.model.eval()
+        self._apply_active()  # loading never changes what the running batch generates with
+        self.loras[name] = path
+        self.adapter_loads += 1
+
+    def _unload(self, name: str) -> None:
+        if name not in self.loras:
+            raise self._gone(name)
+        del self.loras[name]
+        self._dead.add(name)
+        self._sweep()
+
+    def _activate(self, key: str | None) -> None:
+        """Make `key` (a LoRA, or None: the base) what the next batch generates with."""
+        if key == self._active:
+            return
+        self._active = key
+        self._apply_active()
+        self.adapter_switches += 1
+        if self.prefix is not None:  # keys/values of other weights
+            self.prefix = PrefixCache(self.prefix.max_bytes, self.prefix.block)
+        self._sweep()
+
+    def _apply_active(self) -> None:
+        from peft import PeftModel
+
+        if not isinstance(self.model, PeftModel):
+            return
+        if self._active is None:
+            self.model.base_model.disable_adapter_layers()
+        else:
+            self.model.base_model.enable_adapter_layers()
+            self.model.set_adapter(self._active)
+
+    def _sweep(self) -> None:
+        """Drop unloaded adapters from the model once nothing generates with them."""
+        for n in list(self._dead):
+            busy = n == self._active or any(j.adapter == n for j in self._rows)
+            if not busy and len(getattr(self.model, "peft_config", {})) > 1:
+                self.model.delete_adapter(n)
+                self._dead.discard(n)
+                self._apply_active()
 
     def _fail_prefill(self, group: list[Job], e: Exception) -> None:
         for j in group:
@@ -348,6 +505,7 @@ class Engine:
 
         greedy = logits.argmax(-1).tolist()
         eos = set(self.eos_id)
+        logps = logits.float().log_softmax(-1) if any(j.want_logprobs for j in rows) else None
         for r, j in enumerate(rows):
             k = len(j.ids)
             tok = greedy[r]
@@ -368,8 +526,10 @@ class Engine:
             if not nxt and j.temperature > 0:
                 tok = sample(logits[r], j, torch)
             j.ids.append(tok)
+            if j.want_logprobs:
+                j.logprobs.append(float(logps[r, tok]))
             self.tokens += 1
-            if tok in eos:
+            if tok in eos or tok in j.stop_ids:
                 j.finish = "stop"
             else:
                 j.text = self.tok.decode(j.ids, skip_special_tokens=False)

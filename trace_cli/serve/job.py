@@ -22,11 +22,16 @@ class Job:
     forced: list[list[int]] | None = None  # token sequences the completion must start with (one of them)
     messages: list[dict[str, Any]] | None = None  # the conversation (a router routes on it)
     seed: int | None = None
+    adapter: str | None = None  # the LoRA adapter that generates it (None: the base model)
+    stop_ids: tuple[int, ...] = ()  # token ids that end it besides the model's own stop tokens
+    top_k: int = 0  # sampling: the k most likely tokens only (0 = off)
+    want_logprobs: bool = False  # record each generated token's log-probability (`logprobs`)
     cancelled: bool = False
     # worker state
     cached: int = 0  # prompt tokens served from the prefix cache
     ids: list[int] = field(default_factory=list)
     text: str = ""
+    logprobs: list[float] = field(default_factory=list)
     finish: str | None = None
     key: tuple | None = None  # a router's decision (rows with equal keys share a batch)
     route: dict[str, float] | None = None
