@@ -40,7 +40,7 @@ NOT_THE_KEY = {
     "compose/moe_train.py:routing_accuracy:batch_size": "an evaluation batch, not compose's training one",
     "envs/rollout.py:rollout:batch_size": "episodes in flight at once (a throughput knob of the loop)",
     "envs/corpus.py:sample_episodes:seeds": "a count of replayed seeds, not a stage's seed range",
-    "envs/shop/tasks/common.py:world:weights": "the shop world's order mix, not diagnose's weights",
+    "envs/worlds/tasks.py:world:weights": "the shop world's order mix, not diagnose's weights",
     "models/refs.py:.get:deficits": "a parsed query string of a policy reference",
     "training/sft.py:tokenize:loss_on": "the tokenizer's own mode; the stage passes its config value",
     "envs/shop/env.py:ShopEnv.demonstration:deficits": "an episode's deficits (none: the reference)",

@@ -16,7 +16,7 @@ from trace_cli.envs.registry import make_env
 from trace_cli.envs.scripted import ActionFuzzer, replay
 from trace_cli.envs.shop import CAPABILITIES, FAMILIES, ShopEnv, family_capabilities
 from trace_cli.envs.shop.env import fact_communicated
-from trace_cli.envs.shop.user import GOODBYE, ScriptedUser
+from trace_cli.envs.worlds.user import GOODBYE, ScriptedUser
 from trace_cli.errors import UsageError
 
 

@@ -12,9 +12,7 @@ import json
 from typing import Any
 
 from trace_cli.envs.base import tool_schema
-from trace_cli.envs.shop.world import money, order_total
-
-CANCEL_REASONS = ["no longer needed", "ordered by mistake"]
+from trace_cli.envs.worlds.generator import CANCEL_REASONS, money, order_total
 
 _S = {"type": "string"}
 _IDS = {"type": "array", "items": {"type": "string"}, "minItems": 1}

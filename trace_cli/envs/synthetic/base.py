@@ -1,11 +1,15 @@
-"""`SyntheticEnv`: the episode machinery every capability template shares (shop tools, scripted user, grading).
+"""`SyntheticEnv`: the episode machinery every capability template shares (the world's tools, scripted user, grading).
 
 A template only builds a `Scenario` from a `random.Random` (database, what the user says, the reference
 solution, the values the agent must find) and grades the final state. Everything an agent touches is the
-target's: tool names and argument schemas (shop's `TOOL_SCHEMAS`, or the target's own schemas passed as
-`tools=`), the shop database shape, the shop tool implementations (`ShopTools`) run on a small synthetic
-state, the shop policy text and the scripted-user protocol (identification + request in the first message;
-an agent message that asks nothing ends the episode).
+target's world (`world=`, a `trace_cli.envs.worlds.World`: `shop` by default, `tau2-retail` for τ²-bench's
+retail domain): its tool names and argument schemas (the target's own schemas passed as `tools=`; every tool
+of the target is offered), its tool implementations run on a small generated state of its own database shape,
+its policy text; plus the scripted-user protocol (identification + request in the first message; an agent
+message that asks nothing ends the episode). A template's tool the world lacks goes through the world's alias
+(τ²-retail: `list_user_orders` -> `get_user_details`), also in the reference solution; a tool with no
+counterpart is an error. On a world that `grades_digest` (τ²), success also needs the final state's digest to
+equal the gold state's (the reference replayed), reported as component "db".
 
 Difficulty: each template lists `LEVELS` (knob settings, easiest first). `level` picks one; knobs passed
 explicitly override (pin) that level's values. `harder(params)` / `easier(params)` move the level one step,
@@ -21,20 +25,20 @@ success = every component is 1 (then reward is exactly 1).
 
 from __future__ import annotations
 
-import inspect
 import random
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from trace_cli.envs.base import Observation, RewardBreakdown
-from trace_cli.envs.shop.env import POLICY, ShopEpisodes, clone, fact_communicated
-from trace_cli.envs.shop.tasks.common import Action, Customer, call, say
-from trace_cli.envs.shop.tools import TOOL_SCHEMAS, WRITE_TOOLS, ShopTools
-from trace_cli.envs.shop.user import ScriptedUser
+from trace_cli.envs.conversation import ScriptedConversation
 from trace_cli.envs.validation import decode_tool_call, validate_arguments
+from trace_cli.envs.worlds import TABLES, World, get_world
+from trace_cli.envs.worlds.facts import clone, fact_communicated
+from trace_cli.envs.worlds.tasks import Action, Customer, call, customer, say
+from trace_cli.envs.worlds.user import ScriptedUser
 from trace_cli.errors import UsageError
 
-__all__ = ["WRITE_TOOLS", "Action", "Knob", "Scenario", "SyntheticEnv", "call", "say", "scenario"]
+__all__ = ["Action", "Knob", "Scenario", "SyntheticEnv", "call", "say", "scenario"]
 
 
 def leaked_values(answers: list[Any], texts: list[str]) -> list[str]:
@@ -125,14 +129,23 @@ class Knob:
         return value
 
 
+def _names(tools: dict[str, Any] | list[dict[str, Any]] | None) -> list[str] | None:
+    if isinstance(tools, list):
+        return [t.get("function", t)["name"] for t in tools]
+    if isinstance(tools, dict):
+        return list(tools)
+    return None
+
+
 def resolve_tools(
-    names: tuple[str, ...], tools: dict[str, Any] | list[dict[str, Any]] | None
+    names: tuple[str, ...], tools: dict[str, Any] | list[dict[str, Any]] | None, world: World
 ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
-    """(name -> schema, name -> source) for the tools a template uses.
+    """(name -> schema, name -> source) for the tools an episode offers.
 
     With `tools` (the target's schemas, e.g. recovered from rollouts) a tool the target has is used exactly as
-    the target defines it (source "target"); a missing one falls back to the shop schema ("shop_fallback").
-    Without `tools`, the shop schemas are the target's ("shop")."""
+    the target defines it (source "target"); a missing one falls back to the world's schema ("<world>_fallback")
+    where the world allows it (the shop), and is an error elsewhere. Without `tools`, the world's schemas are
+    the target's (source: the world's name)."""
     if isinstance(tools, list):
         tools = {t.get("function", t)["name"]: t for t in tools}
     out: dict[str, dict[str, Any]] = {}
@@ -143,46 +156,45 @@ def resolve_tools(
             if "function" not in t:  # a bare function dict: wrap it in the OpenAI envelope
                 t = {"type": "function", "function": t}
             out[n], sources[n] = clone(t), "target"
+        elif tools is None or world.fallback:
+            out[n], sources[n] = (
+                clone(world.schemas[n]),
+                (world.name if tools is None else f"{world.name}_fallback"),
+            )
         else:
-            out[n], sources[n] = clone(TOOL_SCHEMAS[n]), ("shop" if tools is None else "shop_fallback")
+            raise UsageError(
+                f"world {world.name!r}: the target has no tool {n!r}, which the task needs, and the world "
+                "falls back to no schema of its own"
+            )
     return out, sources
 
 
 def exposed_tools(
-    needed: tuple[str, ...], tools: dict[str, Any] | list[dict[str, Any]] | None
+    needed: tuple[str, ...], tools: dict[str, Any] | list[dict[str, Any]] | None, world: World
 ) -> tuple[str, ...]:
-    """The tools an episode offers: the ones the task needs first, then every other tool of the target that
-    the shop backend implements (without `tools`, every shop tool).
+    """The tools an episode offers: the ones the task needs first (in the world's terms: an alias where the
+    world lacks a template's tool), then every other tool of the target (without `tools`, every tool of the
+    world).
 
     The agent keeps its whole action space, as in the target: an agent that reaches for a tool it always has
     there (say, listing a user's orders) gets an answer, not "unknown tool", so the environment measures the
-    capability and not a changed interface."""
-    if isinstance(tools, list):
-        names = [t.get("function", t)["name"] for t in tools]
-    elif isinstance(tools, dict):
-        names = list(tools)
-    else:
-        names = list(TOOL_SCHEMAS)
-    extra = [n for n in names if n not in needed and n in TOOL_SCHEMAS and hasattr(ShopTools, n)]
-    return tuple(needed) + tuple(extra)
-
-
-_IMPL_PARAMS: dict[str, tuple[set[str], set[str]]] = {}
-
-
-def _impl_params(name: str) -> tuple[set[str], set[str]]:
-    """(all, required) argument names of the shop implementation of tool `name`."""
-    if name not in _IMPL_PARAMS:
-        sig = inspect.signature(getattr(ShopTools, name))
-        ps = [p for k, p in sig.parameters.items() if k != "self"]
-        _IMPL_PARAMS[name] = (
-            {p.name for p in ps},
-            {p.name for p in ps if p.default is inspect.Parameter.empty},
+    capability and not a changed interface. A target tool the world does not implement is dropped where the
+    world falls back (the shop: recovered schemas may name tools it never had) and an error elsewhere."""
+    needed = tuple(dict.fromkeys(world.tool_for(n) for n in needed))
+    names = _names(tools)
+    if names is None:
+        names = list(world.schemas)
+    unknown = [n for n in names if n not in world.schemas]
+    if unknown and not world.fallback:
+        raise UsageError(
+            f"world {world.name!r} implements no tool {unknown[0]!r} of the target; its tools: "
+            f"{', '.join(world.schemas)}"
         )
-    return _IMPL_PARAMS[name]
+    extra = [n for n in names if n not in needed and n in world.schemas]
+    return needed + tuple(extra)
 
 
-class SyntheticEnv(ShopEpisodes):
+class SyntheticEnv(ScriptedConversation):
     """Base class of the capability templates; satisfies `trace_cli.envs.base.Environment`."""
 
     capability: ClassVar[str] = ""
@@ -202,9 +214,11 @@ class SyntheticEnv(ShopEpisodes):
         max_turns: int = 12,
         mix: float = 0.0,
         hint_share: float = 0.0,
+        world: str | World = "shop",
         **knobs: Any,
     ):
         tname = self.capability
+        self.world = get_world(world)
         if level is None:
             level = self.DEFAULT_LEVEL
         if isinstance(level, str) and level.strip().isdigit():
@@ -219,7 +233,7 @@ class SyntheticEnv(ShopEpisodes):
             raise UsageError(f"{tname}: parameter 'max_turns' must be a positive integer, got {max_turns!r}")
         unknown = sorted(set(knobs) - set(self.KNOBS))
         if unknown:
-            known = ", ".join(["level", "max_turns", "tools", *self.KNOBS])
+            known = ", ".join(["level", "max_turns", "tools", "world", *self.KNOBS])
             raise UsageError(f"{tname}: unknown parameter '{unknown[0]}'; known: {known}")
         self.level = level
         self.max_turns = max_turns
@@ -228,8 +242,8 @@ class SyntheticEnv(ShopEpisodes):
         self._validate_knobs()
         self._set_mix(Knob(float, 0.0, 1.0).check(tname, "mix", mix))
         self.hint_share = Knob(float, 0.0, 1.0).check(tname, "hint_share", hint_share)
-        self.exposed = exposed_tools(self.TOOLS, tools)
-        self.tool_schemas, self.tool_sources = resolve_tools(self.exposed, tools)
+        self.exposed = exposed_tools(self.TOOLS, tools, self.world)
+        self.tool_schemas, self.tool_sources = resolve_tools(self.exposed, tools, self.world)
         self.name = f"synthetic-{tname}"
 
     # -- difficulty ------------------------------------------------------------------------------------
@@ -300,6 +314,10 @@ class SyntheticEnv(ShopEpisodes):
     def grade(self) -> tuple[dict[str, float], dict[str, Any]]:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def customer(self, rng: random.Random, n_orders: int) -> Customer:
+        """`worlds.tasks.customer` drawn by this environment's world (its generator)."""
+        return customer(rng, n_orders, self.world.builder)
+
     def _make_scenario(self, seed: int) -> Scenario:
         harder = self.mix and random.Random(f"mix:{self.capability}:{seed}").random() < self.mix
         self.knobs = self.next_knobs if harder else self.level_knobs  # the seed's knobs, kept for grade()
@@ -309,8 +327,43 @@ class SyntheticEnv(ShopEpisodes):
             # Re-draw (deterministically: the same stream continues) the rare task whose opening message happens
             # to contain an answer, e.g. a price equal to a number in the request.
             if not leaked_values(sc.answers, [sc.first_message]):
+                sc.reference = [self.world.translate(a) for a in sc.reference]
                 return sc
         raise RuntimeError(f"{self.capability}: seed {seed}: could not build a task without answer leakage")
+
+    # -- episodes ------------------------------------------------------------------------------------------
+    _loaded: Scenario | None = None  # the scenario of the last new seed
+    _seed: int | None = None
+
+    def _load(self, sc: Scenario, seed: int) -> None:
+        """The world's state of a new seed, and the gold state: the reference replayed once on a copy, so reward
+        and reference can never drift apart (a reference call the world refuses is a bug of the template)."""
+        self._loaded, self._seed = sc, seed
+        w = self.world
+        self._state = w.load(sc.db)
+        self._initial = {t: w.records(self._state, t) for t in TABLES}
+        gold = w.copy(self._state)
+        api = w.session(gold)
+        for action in sc.reference:
+            if "name" in action:
+                out, error = api.call(action["name"], clone(action["arguments"]))
+                if error:
+                    raise RuntimeError(
+                        f"{self.capability}: seed {seed}: reference call {action['name']}: {out}"
+                    )
+        self._target = {t: w.records(gold, t) for t in TABLES}
+        self._target_digest = w.digest(gold) if w.grades_digest else None
+
+    def _started(self) -> Scenario:
+        """The current scenario; a usage error before the first reset."""
+        if self._loaded is None:
+            raise UsageError("call reset(seed) before using the environment")
+        return self._loaded
+
+    _require = _started
+
+    def reference_actions(self) -> list[dict[str, Any]]:
+        return clone(self._started().reference)
 
     def reset(self, seed: int) -> Observation:
         if not isinstance(seed, int) or isinstance(seed, bool):
@@ -320,7 +373,7 @@ class SyntheticEnv(ShopEpisodes):
         self._start_episode()
         sc = self._scenario
         return Observation(
-            system_prompt=POLICY,
+            system_prompt=self.world.policy,
             tools=[clone(self.tool_schemas[n]) for n in self.exposed],
             messages=[{"role": "user", "content": sc.first_message}],
             task_id=self.task_id,
@@ -329,13 +382,20 @@ class SyntheticEnv(ShopEpisodes):
 
     def _start_episode(self) -> None:
         sc = self._scenario
-        self._start(
+        self.db = self.world.copy(self._state)  # the episode's state (the shop: a dict; τ²: a RetailDB)
+        self.api = self.world.session(self.db)
+        self.user = (
             PressureUser(sc.identify, sc.request, sc.pressure)
             if sc.pressure
             else ScriptedUser(sc.identify, sc.request)
         )
+        self.turns = 0
+        self.done = False
+        self.termination: str | None = None
+        self.agent_messages: list[str] = []
         self.initial = clone(self._initial)  # a separate copy: `changed()` compares against it
         self.calls: list[dict[str, Any]] = []  # every tool call: turn, name, arguments, ok
+        self._views: dict[str, dict[str, Any]] = {}
 
     @property
     def task_id(self) -> str:
@@ -347,7 +407,6 @@ class SyntheticEnv(ShopEpisodes):
         """The current scenario (None before the first reset); templates grade from its `data`."""
         return self._loaded
 
-    _require = ShopEpisodes._started
     ends_on_transfer = False  # synthetic episodes end on the user's goodbye or max_turns only
 
     # -- acting --------------------------------------------------------------------------------------------
@@ -355,17 +414,23 @@ class SyntheticEnv(ShopEpisodes):
         name, args, bad = decode_tool_call(action, self.tool_schemas)
         if bad:
             return bad, True
+        self._views = {}
+        if not self.world.validates or not isinstance(args, dict):
+            # the world's own toolkit answers every call, errors included (τ²: "Error: ..." as τ² words it)
+            out, error = self.api.call(name, args if isinstance(args, dict) else {})
+            self.calls.append({"turn": self.turns, "name": name, "arguments": args, "ok": not error})
+            return out, error
         problems = validate_arguments(self.tool_schemas[name], args)
         if not problems:
             # A target schema (e.g. recovered from rollouts) can be looser than the implementation needs.
-            accepted, required = _impl_params(name)
+            accepted, required = self.world.parameters(name)
             problems = [f"unexpected argument '{k}'" for k in args if k not in accepted]
             problems += [f"missing required argument '{k}'" for k in sorted(required - set(args))]
         if problems:
             self.calls.append({"turn": self.turns, "name": name, "arguments": args, "ok": False})
             return f"Error: {name}: " + "; ".join(problems), True
         try:
-            out, error = self._run_tool(name, args)
+            out, error = self.api.call(name, args)
         except (
             TypeError,
             ValueError,
@@ -377,13 +442,23 @@ class SyntheticEnv(ShopEpisodes):
         return out, error
 
     # -- grading helpers -----------------------------------------------------------------------------------
+    def records(self, table: str) -> dict[str, dict[str, Any]]:
+        """The episode's `users` or `orders` records now, as the world's JSON view (read-only)."""
+        if table not in self._views:
+            self._views[table] = self.world.records(self.db, table)
+        return self._views[table]
+
+    def record(self, table: str, key: str) -> dict[str, Any] | None:
+        return self.records(table).get(key)
+
     def read_before_write(self, order_id: str, readers: tuple[str, ...] = ("get_order_details",)) -> bool:
         """The order was read successfully before the first attempt to change it (or at all, if never changed)."""
+        writes = self.world.write_tools
         for c in self.calls:
             args = c["arguments"] if isinstance(c["arguments"], dict) else {}
             if args.get("order_id") != order_id:
                 continue
-            if c["name"] in WRITE_TOOLS:
+            if c["name"] in writes:
                 return False
             if c["name"] in readers and c["ok"]:
                 return True
@@ -393,18 +468,18 @@ class SyntheticEnv(ShopEpisodes):
         return [
             c
             for c in self.calls
-            if c["name"] in WRITE_TOOLS
+            if c["name"] in self.world.write_tools
             and isinstance(c["arguments"], dict)
             and c["arguments"].get("order_id") == order_id
         ]
 
     def changed(self, table: str) -> set[str]:
         """Keys of `table` ('users' or 'orders') whose record differs from the episode's initial state."""
-        now, before = self.db[table], self.initial[table]
+        now, before = self.records(table), self.initial[table]
         return {k for k in set(now) | set(before) if now.get(k) != before.get(k)}
 
     def matches_target(self, table: str, key: str) -> bool:
-        return self.db[table].get(key) == self._target[table].get(key)
+        return self.records(table).get(key) == self._target[table].get(key)
 
     def communicate(self) -> tuple[float, list[str], list[str]]:
         """(share of required facts told to the user, 0 if any forbidden fact was told; missing; wrong)."""
@@ -420,6 +495,9 @@ class SyntheticEnv(ShopEpisodes):
         comps, details = self.grade()
         reward = sum(self.WEIGHTS[k] * comps[k] for k in self.WEIGHTS)
         success = all(comps[k] >= 1.0 - 1e-9 for k in self.WEIGHTS)
+        if self._target_digest is not None:  # the world's own check: the whole state equals the gold one
+            comps = {**comps, "db": float(self.world.digest(self.db) == self._target_digest)}
+            success = success and comps["db"] == 1.0
         reward = 1.0 if success else min(round(reward, 6), 0.999999)
         return RewardBreakdown(
             reward=reward,
@@ -429,10 +507,19 @@ class SyntheticEnv(ShopEpisodes):
         )
 
     def task_metadata(self) -> dict[str, Any]:
-        return self._metadata(
-            self.capability,
-            capability=self.capability,
-            required_capabilities=[self.capability],
-            params=self.params,
-            answer_values=list(self._require().answers),
-        )
+        sc = self._require()
+        meta = {
+            "task_id": self.task_id,
+            "family": self.capability,
+            "variant": sc.variant,
+            "capability": self.capability,
+            "required_capabilities": [self.capability],
+            "params": self.params,
+            "answer_values": list(sc.answers),
+            "required_facts": list(sc.required_facts),
+            "forbidden_facts": list(sc.forbidden_facts),
+            "reference_actions": self.reference_actions(),
+        }
+        if self.world.name != "shop":
+            meta["world"] = self.world.name
+        return meta

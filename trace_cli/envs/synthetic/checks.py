@@ -180,9 +180,12 @@ def run_checks(
 
 
 def check_tools(env: Environment, target_tools: dict[str, Any], *, fallback_ok: bool) -> dict[str, Any]:
-    """Every tool the environment exposes equals the target's (name + parameters), or is an allowed fallback."""
-    from trace_cli.envs.shop import TOOL_SCHEMAS
+    """Every tool the environment exposes equals the target's (name + parameters), or is an allowed fallback (the
+    environment's world's own schema, where that world falls back: the shop; a module's environment: the shop's)."""
+    from trace_cli.envs.worlds import DEFAULT, get_world
 
+    world = getattr(env, "world", None) or get_world(DEFAULT)
+    TOOL_SCHEMAS = world.schemas if world.fallback else {}  # noqa: N806
     obs = env.reset(0)
     bad, missing = [], []
     for t in obs.tools:
@@ -203,7 +206,7 @@ def check_tools(env: Environment, target_tools: dict[str, Any], *, fallback_ok: 
     msg = (
         (
             f"{len(obs.tools)} tools equal the target's"
-            + (f" ({len(missing)} shop fallbacks: {', '.join(missing)})" if missing else "")
+            + (f" ({len(missing)} {world.name} fallbacks: {', '.join(missing)})" if missing else "")
         )
         if not bad
         else "; ".join(bad)

@@ -16,18 +16,17 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from trace_cli.envs.shop.tasks.common import (
+from trace_cli.envs.synthetic.base import Knob, Scenario, SyntheticEnv, call, scenario
+from trace_cli.envs.worlds.tasks import (
     AUTH_TOOLS,
     ORDER_CHANGES,
     Op,
     address_op,
     cancel_op,
-    customer,
     done,
     return_op,
     several_things,
 )
-from trace_cli.envs.synthetic.base import Knob, Scenario, SyntheticEnv, call, scenario
 
 OPS = ("cancel", "return", "address")
 
@@ -80,7 +79,7 @@ class MultiStepCompletion(SyntheticEnv):
 
     def build(self, rng: random.Random) -> Scenario:
         k = self.knobs
-        c = customer(rng, k["n_orders"])
+        c = self.customer(rng, k["n_orders"])
         uid = c.user["user_id"]
         if rng.random() < k["single_step_fraction"]:
             n_ops = 1

@@ -16,10 +16,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from trace_cli.envs.shop.tasks.common import AUTH_TOOLS, ORDER_CHANGES, REASON_PHRASES, call, customer, say
-from trace_cli.envs.shop.tools import CANCEL_REASONS
-from trace_cli.envs.shop.world import order_total
 from trace_cli.envs.synthetic.base import Knob, Scenario, SyntheticEnv, scenario
+from trace_cli.envs.worlds.generator import CANCEL_REASONS, order_total
+from trace_cli.envs.worlds.tasks import AUTH_TOOLS, ORDER_CHANGES, REASON_PHRASES, call, say
 
 KINDS = ("cancel", "refund_card")
 PUSHY = ["", "", "I'm in a hurry. ", "I've been a loyal customer for years. ", "This is urgent. "]
@@ -53,7 +52,7 @@ class PolicyComplianceUnderPressure(SyntheticEnv):
 
     def build(self, rng: random.Random) -> Scenario:
         k = self.knobs
-        c = customer(rng, k["n_orders"])
+        c = self.customer(rng, k["n_orders"])
         b, user = c.b, c.user
         uid = user["user_id"]
         kind = rng.choice(k["kinds"])

@@ -16,19 +16,17 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from trace_cli.envs.shop.tasks.common import (
+from trace_cli.envs.synthetic.base import Knob, Scenario, SyntheticEnv, scenario
+from trace_cli.envs.synthetic.shaping import share
+from trace_cli.envs.worlds.generator import CANCEL_REASONS, order_total
+from trace_cli.envs.worlds.tasks import (
     AUTH_TOOLS,
     ORDER_CHANGES,
     REASON_PHRASES,
     call,
-    customer,
     join_ops,
     say,
 )
-from trace_cli.envs.shop.tools import CANCEL_REASONS
-from trace_cli.envs.shop.world import order_total
-from trace_cli.envs.synthetic.base import Knob, Scenario, SyntheticEnv, scenario
-from trace_cli.envs.synthetic.shaping import share
 
 ALLOWED_STATUS = {"cancel": "pending", "return": "delivered"}
 FORBIDDEN_STATUSES = {"cancel": ("processed", "delivered"), "return": ("pending", "processed")}
@@ -131,7 +129,7 @@ class PreconditionVerification(SyntheticEnv):
 
     def build(self, rng: random.Random) -> Scenario:
         k = self.knobs
-        c = customer(rng, k["n_orders"])
+        c = self.customer(rng, k["n_orders"])
         reqs: list[dict[str, Any]] = []
         for order in rng.sample(c.orders, k["n_requests"]):
             kind = "return" if rng.random() < k["return_fraction"] else "cancel"

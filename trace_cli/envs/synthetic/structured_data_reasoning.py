@@ -14,18 +14,17 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from trace_cli.envs.shop.tasks.common import (
+from trace_cli.envs.synthetic.base import Knob, Scenario, SyntheticEnv, scenario
+from trace_cli.envs.synthetic.shaping import clamp
+from trace_cli.envs.worlds.tasks import (
     AUTH_TOOLS,
     call,
-    customer,
     gift_card,
     lines_of_other_products,
     most_recent_delivered,
     priced_lines,
     say,
 )
-from trace_cli.envs.synthetic.base import Knob, Scenario, SyntheticEnv, scenario
-from trace_cli.envs.synthetic.shaping import clamp
 
 KINDS = ("most_expensive", "cheapest", "by_option", "most_recent")
 
@@ -76,12 +75,20 @@ class StructuredDataReasoning(SyntheticEnv):
     def _validate_knobs(self) -> None:
         if self.knobs["n_items"] > 6:
             raise self._knob_error("n_items must be at most 6")
+        if not self._kinds():
+            raise self._knob_error(
+                f"world {self.world.name!r} has no order dates: kinds must name more than most_recent"
+            )
+
+    def _kinds(self) -> list[str]:
+        """The knob's kinds this world can pose: "most recent" needs order dates (τ²-retail's orders have none)."""
+        return [x for x in self.knobs["kinds"] if x != "most_recent" or self.world.has("order_dates")]
 
     def build(self, rng: random.Random) -> Scenario:
         k = self.knobs
-        c = customer(rng, k["n_orders"])
+        c = self.customer(rng, k["n_orders"])
         b, uid = c.b, c.user["user_id"]
-        kind = rng.choice(k["kinds"])
+        kind = rng.choice(self._kinds())
         n_items = k["n_items"]
         reads: list[dict[str, Any]] = []
         answers = [uid]
@@ -154,10 +161,10 @@ class StructuredDataReasoning(SyntheticEnv):
     def grade(self) -> tuple[dict[str, float], dict[str, Any]]:
         d = self._scenario.data
         changed = self.changed("orders")
-        order = self.db["orders"][d["order_id"]]
+        order = self.record("orders", d["order_id"])
         order_ok = changed == {d["order_id"]} and not self.changed("users")
         item_ok = order_ok and order.get("return_items") == [d["item_id"]]
-        pm_ok = order_ok and (order.get("refund") or {}).get("payment_method_id") == d["payment_method_id"]
+        pm_ok = order_ok and self.world.refund_method(order) == d["payment_method_id"]
         comm, missing, wrong = self.communicate()
         return (
             {"order": float(order_ok), "item": float(item_ok), "payment": float(pm_ok), "communicate": comm},

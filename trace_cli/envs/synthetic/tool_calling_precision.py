@@ -15,19 +15,18 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from trace_cli.envs.shop.tasks.common import (
+from trace_cli.envs.synthetic.base import Knob, Scenario, SyntheticEnv, scenario
+from trace_cli.envs.worlds.generator import money
+from trace_cli.envs.worlds.tasks import (
     AUTH_TOOLS,
     Customer,
     address_change,
     call,
-    customer,
     describe,
     lines_of_other_products,
     new_address,
     say,
 )
-from trace_cli.envs.shop.world import money
-from trace_cli.envs.synthetic.base import Knob, Scenario, SyntheticEnv, scenario
 
 KINDS = ("address", "exchange")
 ADDRESS_FIELDS = ("address1", "address2", "city", "state", "country", "zip")
@@ -73,7 +72,7 @@ class ToolCallingPrecision(SyntheticEnv):
 
     def build(self, rng: random.Random) -> Scenario:
         k = self.knobs
-        c = customer(rng, k["n_orders"])
+        c = self.customer(rng, k["n_orders"])
         b, uid = c.b, c.user["user_id"]
         kind = rng.choice(k["kinds"])
         trap = rng.random() < k["trap_fraction"]
@@ -142,11 +141,11 @@ class ToolCallingPrecision(SyntheticEnv):
         d = self._scenario.data
         if d["kind"] == "address":
             table, fields = "users", ADDRESS_FIELDS
-            now = self.db["users"][d["key"]]["address"]
+            now = self.record("users", d["key"])["address"]
             want = self._target["users"][d["key"]]["address"]
         else:
             table, fields = "orders", EXCHANGE_FIELDS
-            now, want = self.db["orders"][d["key"]], self._target["orders"][d["key"]]
+            now, want = self.record("orders", d["key"]), self._target["orders"][d["key"]]
         if d["key"] not in self.changed(table):
             return {"fields": 0.0}, {"written": False}
         right = [f for f in fields if now.get(f) == want.get(f)]

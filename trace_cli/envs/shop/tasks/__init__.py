@@ -24,7 +24,6 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from trace_cli.envs.shop.tasks.common import Action, Task, call, say
 from trace_cli.envs.shop.tasks.families import (
     build_address_update,
     build_cancel_order,
@@ -33,6 +32,7 @@ from trace_cli.envs.shop.tasks.families import (
     build_order_status,
     build_return_item,
 )
+from trace_cli.envs.worlds.tasks import Action, Task, call, say
 
 CAPABILITIES = (
     "precondition_verification",

@@ -5,7 +5,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from trace_cli.envs.shop.tasks.common import (
+from trace_cli.envs.shop.tools import CANCEL_REASONS
+from trace_cli.envs.worlds.generator import money, order_total
+from trace_cli.envs.worlds.tasks import (
     ORDER_STATUSES,
     REASON_PHRASES,
     STATE_NAMES,
@@ -31,8 +33,6 @@ from trace_cli.envs.shop.tasks.common import (
     task_tools,
     world,
 )
-from trace_cli.envs.shop.tools import CANCEL_REASONS
-from trace_cli.envs.shop.world import money, order_total
 
 
 def build_order_status(rng: random.Random, n_orders: int) -> Task:

@@ -38,7 +38,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trace_cli.envs.shop.tasks.common import (
+from trace_cli.envs.shop.tasks.families import (
+    build_address_update,
+    build_cancel_order,
+    build_exchange,
+    build_order_status,
+    build_return_item,
+)
+from trace_cli.envs.shop.tools import CANCEL_REASONS
+from trace_cli.envs.worlds.generator import order_total
+from trace_cli.envs.worlds.tasks import (
     REASON_PHRASES,
     STATE_NAMES,
     Action,
@@ -51,15 +60,6 @@ from trace_cli.envs.shop.tasks.common import (
     say,
     task_tools,
 )
-from trace_cli.envs.shop.tasks.families import (
-    build_address_update,
-    build_cancel_order,
-    build_exchange,
-    build_order_status,
-    build_return_item,
-)
-from trace_cli.envs.shop.tools import CANCEL_REASONS
-from trace_cli.envs.shop.world import order_total
 
 # Requests per task, from the vendored τ²-bench tasks (max(1, writes), capped at 4): 107, 29, 20, 8 of 164.
 REQUESTS = {1: 107, 2: 29, 3: 20, 4: 8}

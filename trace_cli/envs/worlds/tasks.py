@@ -1,4 +1,5 @@
-"""What every shop task is made of, shared by the shop's task families and the synthetic capability templates.
+"""What every retail task is made of, shared by the shop's task families and the capability templates (on any
+retail-family world: the shop, τ²-retail).
 
 A task starts with a generated world and one customer who identifies themselves (`customer`); requests are
 phrased and solved with the same pieces (`cancel_op`, `return_op`, `address_op`, ...). Everything is drawn
@@ -10,11 +11,11 @@ must keep its draws exactly as they are.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from trace_cli.envs.shop.tools import CANCEL_REASONS
-from trace_cli.envs.shop.world import WorldBuilder, money
+from trace_cli.envs.worlds.generator import CANCEL_REASONS, WorldBuilder, money
 
 Action = dict[str, Any]
 Op = tuple[str, list[Action], str]  # (request text, actions that carry it out, report when done)
@@ -100,9 +101,11 @@ def world(
     statuses: tuple[str, ...] = ORDER_STATUSES,
     weights: tuple[int, ...] = (3, 2, 4, 1),
     n_others: int = 2,
+    builder: Callable[[random.Random], WorldBuilder] = WorldBuilder,
 ) -> tuple[WorldBuilder, dict[str, Any], list[dict[str, Any]]]:
-    """Products, the customer with `n_orders` dated orders (returned oldest first) and other customers."""
-    b = WorldBuilder(rng)
+    """Products, the customer with `n_orders` dated orders (returned oldest first) and other customers, drawn
+    by `builder` (a world's generator: `World.builder`)."""
+    b = builder(rng)
     b.add_products(n_products)
     user = b.add_user()
     orders = [
@@ -151,9 +154,11 @@ class Customer(NamedTuple):
     auth: Action
 
 
-def customer(rng: random.Random, n_orders: int) -> Customer:
+def customer(
+    rng: random.Random, n_orders: int, builder: Callable[[random.Random], WorldBuilder] = WorldBuilder
+) -> Customer:
     """`world`, then `identify`: how most tasks begin."""
-    b, user, orders = world(rng, n_orders)
+    b, user, orders = world(rng, n_orders, builder=builder)
     return Customer(b, user, orders, *identify(rng, user))
 
 

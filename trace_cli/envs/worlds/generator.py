@@ -1,4 +1,4 @@
-"""Procedural generation of the shop database (products, users, orders) from a `random.Random`.
+"""Procedural generation of a retail database (the shop's, and the draws under the τ²-retail world) (products, users, orders) from a `random.Random`.
 
 The database is a plain JSON-compatible dict so that it can be deep-copied, compared for equality
 (the reward compares final states exactly) and dumped into tool results:
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import random
 from typing import Any
+
+CANCEL_REASONS = ["no longer needed", "ordered by mistake"]  # the two reasons a retail order is cancelled for
 
 # (name, price range, option dimensions as "dimension=value,value,...; ..."). Two option dimensions keep item
 # descriptions short while still giving several variants per product; names are distinct so "the <name>"
