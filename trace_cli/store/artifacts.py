@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import os
 import re
 import shutil
+import stat
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -18,12 +20,35 @@ from pathlib import Path
 from typing import Any
 
 from trace_cli import __version__
-from trace_cli.errors import NotFoundError, UsageError, a
+from trace_cli.errors import NotFoundError, UsageError, a, shown
 from trace_cli.store import commit, layout
 from trace_cli.store.hashing import artifact_id, sha256_file, sha256_json
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _ID_RE = re.compile(r"^[0-9a-f]{4,16}$")
+
+
+_LINK_HINT = (
+    "a store never follows a link out of itself (a store handed over by someone else may be crafted): "
+    "replace the link by the directory or file it stands for, or remove it; `trace store verify` lists "
+    "every link in the store"
+)
+
+
+def is_link(path: Path) -> bool:
+    """Whether `path` itself is a symbolic link (never followed); False when it does not exist."""
+    try:
+        return stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def refuse_link(path: Path) -> None:
+    """UsageError (exit 2) naming `path` when it is a symbolic link; nothing of its target is read."""
+    if is_link(path):
+        raise UsageError(
+            f"{shown(str(path))} is a symbolic link; the store does not follow it", hint=_LINK_HINT
+        )
 
 
 @dataclass(frozen=True)
@@ -52,7 +77,11 @@ class Artifact:
         return f"{layout.URI_PREFIX}{self.kind}/{self.id}"
 
     def file(self, name: str) -> Path:
-        return self.path / name
+        """The path of one of the artifact's files; UsageError when it (or a folder on the way) is a link."""
+        p = self.path / name
+        for q in [p, *p.relative_to(self.path).parents[:-1]]:
+            refuse_link(q if q is p else self.path / q)
+        return p
 
     def as_input(self, role: str) -> dict[str, Any]:
         return {"role": role, "id": self.id, "kind": self.kind, "digest": self.digest}
@@ -122,7 +151,9 @@ class ArtifactWriter:
         # The manifest goes into the temp dir first: one rename then makes the artifact visible complete, so
         # a directory under STORE/KIND/ without a manifest is never a live commit (gc may remove it).
         commit.write_manifest(self.path / layout.MANIFEST, manifest)
+        refuse_link(final.parent)
         final.parent.mkdir(parents=True, exist_ok=True)
+        refuse_link(final)
         marker = commit.mark_pending(self.store.root, self.kind, self.id)
         if (final / layout.MANIFEST).exists() and self.replace:
             commit.replace_dir(self.path, final)  # --force: readers never find a file missing
@@ -275,6 +306,8 @@ class Artifacts:
     def set_name(self, kind: str, name: str, aid: str) -> None:
         self.check_name(name)
         d = self.root / layout.NAMES_DIR / kind
+        refuse_link(d.parent)
+        refuse_link(d)
         d.mkdir(parents=True, exist_ok=True)
         tmp = d / f".{name}.{uuid.uuid4().hex[:6]}.tmp"
         tmp.write_text(aid + "\n")
@@ -284,12 +317,16 @@ class Artifacts:
         """(kind, name, id) for every alias."""
         out = []
         base = self.root / layout.NAMES_DIR
+        refuse_link(base)
         if base.is_dir():
             for kdir in sorted(base.iterdir()):
+                refuse_link(kdir)
                 if kdir.is_dir():
                     for f in sorted(kdir.iterdir()):
-                        if f.is_file() and not f.name.startswith("."):
-                            out.append((kdir.name, f.name, f.read_text().strip()))
+                        if not f.name.startswith("."):
+                            aid = _read_name(f)
+                            if aid is not None:
+                                out.append((kdir.name, f.name, aid))
         return out
 
     def names_of(self, kind: str, aid: str) -> list[str]:
@@ -299,12 +336,17 @@ class Artifacts:
     def _load(self, kind: str, aid: str) -> Artifact | None:
         d = self.root / kind / aid
         m = d / layout.MANIFEST
+        for p in (self.root / kind, d, m):
+            refuse_link(p)
         if not m.is_file():
             return None
         return Artifact(kind, aid, d, read_manifest(m, kind, aid))
 
     def exists(self, kind: str, aid: str) -> bool:
-        return (self.root / kind / aid / layout.MANIFEST).is_file()
+        d = self.root / kind / aid
+        if any(is_link(p) for p in (self.root / kind, d, d / layout.MANIFEST)):
+            return False
+        return (d / layout.MANIFEST).is_file()
 
     def get(self, kind: str, aid: str) -> Artifact:
         art = self._load(kind, aid)
@@ -317,9 +359,11 @@ class Artifacts:
         out: list[Artifact] = []
         for k in kinds:
             d = self.root / k
+            refuse_link(d)
             if not d.is_dir():
                 continue
             for sub in sorted(d.iterdir()):
+                refuse_link(sub)
                 if sub.is_dir():
                     art = self._load(k, sub.name)
                     if art is not None:
@@ -370,8 +414,43 @@ class Artifacts:
         )
 
     # ---------------------------------------------------------------- maintenance
-    def check_root(self, *, must_exist: bool = False) -> None:
-        """UsageError (exit 2) when the store path is not a usable directory."""
+    def links(self, *, deep: bool = False) -> list[Path]:
+        """The symbolic links inside the store where a directory or file of the store's own should be:
+        `.tmp`, `.pending`, `names/` and its entries, the kind directories and the artifact directories (with
+        `deep`, also the files inside artifacts). Nothing is followed."""
+        out: list[Path] = []
+        root = self.root
+        if not root.is_dir():
+            return out
+        for rel in (layout.TMP_DIR, layout.PENDING_DIR, layout.NAMES_DIR, *layout.KINDS):
+            p = root / rel
+            if is_link(p):
+                out.append(p)
+                continue
+            if not p.is_dir() or rel in (layout.TMP_DIR, layout.PENDING_DIR):
+                continue
+            with contextlib.suppress(OSError):
+                for sub in sorted(p.iterdir()):
+                    if is_link(sub):
+                        out.append(sub)
+                    elif rel == layout.NAMES_DIR and sub.is_dir():
+                        out += [f for f in sorted(sub.iterdir()) if is_link(f)]
+                    elif deep and sub.is_dir():
+                        for top, dirs, files in os.walk(sub, followlinks=False):
+                            for n in sorted(dirs + files):
+                                if is_link(Path(top) / n):
+                                    out.append(Path(top) / n)
+        return out
+
+    def check_links(self) -> None:
+        """UsageError (exit 2) naming the first link `links()` finds."""
+        found = self.links()
+        if found:
+            refuse_link(found[0])
+
+    def check_root(self, *, must_exist: bool = False, links: bool = True) -> None:
+        """UsageError (exit 2) when the store path is not a usable directory, or (`links`) holds a symbolic
+        link where a directory or file of its own should be."""
         origin = f" (from {self.origin})" if self.origin else ""
         if self.root.exists() and not self.root.is_dir():
             raise UsageError(
@@ -383,12 +462,42 @@ class Artifacts:
                 f"store {self.root}{origin} does not exist",
                 hint="check --store / $TRACE_STORE, or create it by running a stage such as `trace ingest`",
             )
+        if links:
+            self.check_links()
 
     # ---------------------------------------------------------------- derived data
     def after_commit(self, art: Artifact) -> bool:
         """Called by the writer once `art` is committed; True when everything derived from the manifests is up
         to date (its pending marker is then dropped). The bare tree derives nothing."""
         return True
+
+
+def _read_name(f: Path) -> str | None:
+    """The id a `names/KIND/NAME` file holds, read without following a link; None for a subdirectory. A link
+    or a file that does not hold an id is refused (exit 2) without showing its content."""
+    try:
+        fd = os.open(f, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        if is_link(f):
+            refuse_link(f)
+        if e.errno == errno.EISDIR:
+            return None
+        raise UsageError(f"{shown(str(f))}: cannot read this name ({e.strerror})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                return None
+            raise UsageError(f"{shown(str(f))}: a name must be a regular file holding an artifact id")
+        data = os.read(fd, 64)
+    finally:
+        os.close(fd)
+    aid = data.decode("ascii", "replace").strip()
+    if not _ID_RE.match(aid):
+        raise UsageError(
+            f"{shown(str(f))}: does not hold an artifact id",
+            hint="remove the name, or set it again by rerunning the step with --name",
+        )
+    return aid
 
 
 RESUMABLE = "RESUMABLE"  # marker file of a training work dir that `trace train --resume` can continue

@@ -16,6 +16,7 @@ import ctypes.util
 import errno
 import os
 import shutil
+import stat
 import uuid
 from pathlib import Path
 from typing import Any
@@ -94,14 +95,22 @@ def replace_dir(new: Path, final: Path) -> None:
 def mark_pending(root: Path, kind: str, aid: str) -> Path:
     d = root / layout.PENDING_DIR
     d.mkdir(parents=True, exist_ok=True)
+    if stat.S_ISLNK(os.lstat(d).st_mode):
+        from trace_cli.errors import UsageError
+
+        raise UsageError(f"{d} is a symbolic link; the store does not follow it")
     p = d / f"{kind}-{aid}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     p.touch()
     return p
 
 
 def pending(root: Path) -> list[Path]:
+    """The markers in STORE/.pending; none when it is a symbolic link (never followed: its target's files
+    would be taken for markers and removed; `Artifacts.check_root` refuses such a store)."""
     d = root / layout.PENDING_DIR
     try:
+        if stat.S_ISLNK(os.lstat(d).st_mode):
+            return []
         return sorted(d.iterdir())
     except (FileNotFoundError, NotADirectoryError):
         return []

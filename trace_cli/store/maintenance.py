@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from trace_cli.errors import StoreError, UsageError
 from trace_cli.store import commit, index, layout
-from trace_cli.store.artifacts import RESUMABLE, read_manifest
+from trace_cli.store.artifacts import RESUMABLE, is_link, read_manifest
 from trace_cli.store.hashing import sha256_file
 
 if TYPE_CHECKING:
@@ -26,22 +26,34 @@ GC_GRACE_S = 300.0
 
 
 def _artifact_dirs(store: Store) -> list[tuple[str, Path]]:
+    """The artifact directories (links skipped: never followed)."""
     out = []
     for k in layout.KINDS:
         kd = store.root / k
-        if kd.is_dir():
-            out += [(k, d) for d in sorted(kd.iterdir()) if d.is_dir()]
+        if kd.is_dir() and not is_link(kd):
+            out += [(k, d) for d in sorted(kd.iterdir()) if d.is_dir() and not is_link(d)]
     return out
 
 
 def verify(store: Store) -> list[dict[str, Any]]:
-    store.check_root(must_exist=True)
-    problems: list[dict[str, Any]] = []
+    store.check_root(must_exist=True, links=False)
+    links = store.links(deep=True)
+    problems: list[dict[str, Any]] = [
+        {
+            "kind": "link",
+            "id": p.relative_to(store.root).as_posix(),
+            "problems": [
+                "a symbolic link where the store's own directory or file should be (never followed)"
+            ],
+        }
+        for p in links
+    ]
+    linked = set(links)
     committed: set[tuple[str, str]] = set()
     for kind, d in _artifact_dirs(store):
         m = d / layout.MANIFEST
-        if not m.is_file():
-            continue  # not an artifact (a leftover for gc)
+        if m in linked or not m.is_file():
+            continue  # a link (reported) or not an artifact (a leftover for gc)
         committed.add((kind, d.name))
         try:
             manifest = read_manifest(m, kind, d.name)
@@ -50,15 +62,19 @@ def verify(store: Store) -> list[dict[str, Any]]:
             continue
         issues = []
         listed = set()
+        inside = [Path(top) / n for top, dirs, files in os.walk(d) for n in dirs + files]
+        bad = {p for p in inside if p in linked}
         for f in manifest["files"]:
             listed.add(f["path"])
             p = d / f["path"]
+            if any(q in bad for q in (p, *p.parents)):
+                continue  # reported as a link
             if not p.is_file():
                 issues.append(f"missing {f['path']}")
             elif p.stat().st_size != f.get("size") or sha256_file(p) != f["sha256"]:
                 issues.append(f"changed {f['path']}")
-        for p in d.rglob("*"):
-            if p.is_file():
+        for p in inside:
+            if p.is_file() and p not in bad:
                 rel = p.relative_to(d).as_posix()
                 if rel != layout.MANIFEST and rel not in listed:
                     issues.append(f"unlisted {rel}")
@@ -102,7 +118,7 @@ def gc(
     if store.tmp_root.is_dir():
         for d in sorted(store.tmp_root.iterdir()):
             try:
-                age = now - d.stat().st_mtime
+                age = now - d.lstat().st_mtime
             except FileNotFoundError:  # its writer just committed or cleaned it up
                 continue
             if age < min_age_s:
@@ -116,7 +132,7 @@ def gc(
             drop(d)
     for _kind, d in _artifact_dirs(store):
         try:
-            if (d / layout.MANIFEST).exists() or now - d.stat().st_mtime < max(GC_GRACE_S, min_age_s):
+            if (d / layout.MANIFEST).exists() or now - d.lstat().st_mtime < max(GC_GRACE_S, min_age_s):
                 continue
         except FileNotFoundError:
             continue
