@@ -12,7 +12,7 @@ import traceback
 import click
 
 from trace_cli import __version__
-from trace_cli.errors import TraceError
+from trace_cli.errors import TraceError, terminal_safe
 
 # name -> (module, attribute, one-line summary shown by `trace --help` without importing the module)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -180,6 +180,14 @@ def main(argv: list[str] | None = None) -> None:
             signal.signal(signal.SIGINT, previous)
 
 
+def _close_sandboxes() -> None:
+    """On Ctrl-C: end every sandbox now (its processes and directory), so that nothing waits on a module while
+    the interpreter shuts down. Only where one was started (the module is then loaded)."""
+    leftovers = sys.modules.get("trace_cli.envs.sandbox.leftovers")
+    if leftovers is not None:
+        leftovers.close_all()
+
+
 def _run(args: list[str]) -> None:
     try:
         cli.main(args=args, prog_name="trace", standalone_mode=False)
@@ -189,15 +197,17 @@ def _run(args: list[str]) -> None:
         click.echo("interrupted", err=True)
         sys.exit(130)
     except click.ClickException as e:
+        e.message = terminal_safe(e.message)  # it may quote a path or value from the command line
         e.show()
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
+        _close_sandboxes()
         click.echo("interrupted", err=True)
         sys.exit(130)
     except TraceError as e:
         if _VERBOSE:
             traceback.print_exc()
-        click.echo(f"error: {e}", err=True)
+        click.echo(terminal_safe(f"error: {e}"), err=True)
         sys.exit(e.exit_code)
     except BrokenPipeError:
         sys.exit(0)
@@ -205,10 +215,14 @@ def _run(args: list[str]) -> None:
         if _VERBOSE:
             traceback.print_exc()
         if _INTERRUPTED:  # Ctrl-C that a library re-raised as its own error
+            _close_sandboxes()
             click.echo("interrupted", err=True)
             sys.exit(130)
         click.echo(
-            f"error: internal error: {type(e).__name__}: {e} (rerun with -v for the traceback)", err=True
+            terminal_safe(
+                f"error: internal error: {type(e).__name__}: {e} (rerun with -v for the traceback)"
+            ),
+            err=True,
         )
         sys.exit(1)
     sys.exit(0)

@@ -41,10 +41,12 @@ def store_option(f):
     return verbose_option(f)
 
 
-def open_store(store_dir: str | None):
+def open_store(store_dir: str | None, *, links: bool = True):
     """The store named by --store, else $TRACE_STORE, else ./store. A path that is not a directory is a usage
     error (exit 2). If a run was killed between committing an artifact and indexing it, the index is
-    repaired here, so every command sees it (a warning, never a failure, if that is not possible now)."""
+    repaired here, so every command sees it (a warning, never a failure, if that is not possible now). A
+    symbolic link where the store's own directory or file should be is refused (exit 2) unless `links` is
+    False (`trace store verify`, which reports them)."""
     import os
 
     from trace_cli.errors import TraceError
@@ -58,7 +60,7 @@ def open_store(store_dir: str | None):
         st = Store(default_store_root(), origin=f"$TRACE_STORE={os.environ['TRACE_STORE']}")
     else:
         st = Store(default_store_root())
-    st.check_root()
+    st.check_root(links=links)
     try:
         fixed = st.repair_index()
     except (TraceError, OSError) as e:
@@ -96,23 +98,37 @@ def print_table(columns: list[str], rows: list[Any], *, title: str | None = None
     """A rich table on stdout (plain text when stdout is not a terminal)."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
+    from trace_cli.errors import shown
+
+    # cells (ingested data, names) are untrusted: control characters escaped and plain text (no rich markup)
     table = Table(title=title, show_lines=False, header_style="bold")
     for c in columns:
-        table.add_column(str(c), overflow="fold")
+        table.add_column(Text(shown(c)), overflow="fold")
     for r in rows:
-        table.add_row(*["" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v)) for v in r])
+        table.add_row(
+            *[Text("" if v is None else (f"{v:.4g}" if isinstance(v, float) else shown(v))) for v in r]
+        )
     Console(file=sys.stdout, width=200 if not sys.stdout.isatty() else None).print(table)
 
 
 def to_csv(columns: list[str], rows: list[Any]) -> str:
+    from trace_cli.errors import terminal_safe
+
+    def cell(v: Any) -> Any:  # untrusted text: control characters escaped (newlines stay, CSV quotes them)
+        return terminal_safe(v) if isinstance(v, str) else v
+
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(columns)
-    w.writerows(rows)
+    w.writerow([cell(c) for c in columns])
+    w.writerows([cell(v) for v in r] for r in rows)
     return buf.getvalue()
 
 
 def info(msg: str) -> None:
-    """Progress/log lines go to stderr so stdout stays clean for results."""
-    click.echo(msg, err=True)
+    """Progress/log lines go to stderr so stdout stays clean for results (control characters escaped: a
+    line may quote untrusted text)."""
+    from trace_cli.errors import terminal_safe
+
+    click.echo(terminal_safe(msg), err=True)

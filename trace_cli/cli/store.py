@@ -128,17 +128,17 @@ def reindex(store_dir):
 @store_option
 def verify(as_json, store_dir):
     """Re-hash every file and check the index against the manifests; report problems (exit 1 if any)."""
-    from trace_cli.errors import CheckFailed
+    from trace_cli.errors import CheckFailed, shown, terminal_safe
     from trace_cli.store import index
 
-    st = open_store(store_dir)
+    st = open_store(store_dir, links=False)
     problems = st.verify()
     n = len(index.committed(st))
     if as_json:
         echo_json({"artifacts": n, "problems": problems})
     else:
         for p in problems:
-            click.echo(f"{p['kind']}/{p['id']}: " + "; ".join(p["problems"]))
+            click.echo(terminal_safe(f"{p['kind']}/{shown(p['id'])}: " + "; ".join(p["problems"])))
         click.echo(f"verified {n} artifacts: {len(problems)} with problems")
     if problems:
         raise CheckFailed(f"{len(problems)} artifact(s) failed verification")

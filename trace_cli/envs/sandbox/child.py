@@ -366,16 +366,27 @@ def _left_behind(state):
     return found
 
 
+_STDLIB = frozenset(sys.stdlib_module_names)
+
+
 def _reply(dispatch, req, traceback_text):
     try:
         return {"ok": True, "result": dispatch(req)}
     except MemoryError:
         return {"ok": False, "etype": "MemoryError", "error": "memory limit exceeded"}
     except BaseException as e:  # noqa: BLE001 - every error of the module goes back to the parent
+        error = str(e)[:500]
+        name = getattr(e, "name", None) if isinstance(e, ModuleNotFoundError) else None
+        if type(name) is str and name.partition(".")[0] in _STDLIB:
+            # masked by the jail (a native module it does not mount), not a broken Python installation
+            error = (
+                f"the sandbox does not offer the standard-library module {name!r} (a sandboxed module may use "
+                "the pure-Python standard library and trace_cli.envs only)"
+            )
         reply = {
             "ok": False,
             "etype": type(e).__name__,
-            "error": str(e)[:500],
+            "error": error,
             "trace": traceback_text()[-3000:],
         }
         if isinstance(e, OSError) and isinstance(e.errno, int):

@@ -126,9 +126,13 @@ LIVE: weakref.WeakSet = weakref.WeakSet()
 
 
 @atexit.register
-def _close_all() -> None:
+def close_all() -> None:
+    """Close every live sandbox worker: its processes killed, its directory removed."""
     for w in list(LIVE):
         w.close()
+
+
+_close_all = close_all
 
 
 _SIGTERM_INSTALLED = False

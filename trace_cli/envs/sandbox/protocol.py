@@ -156,6 +156,32 @@ class Channel:
         return bytes(self.buf)
 
 
+class Unread(Exception):
+    """The request could not be written before the call's deadline: the child stopped reading its pipe."""
+
+
+def send(fd: int, data: bytes, deadline: float, on_wait: Callable[[], None]) -> None:
+    """Write all of `data` to the child's request pipe (non-blocking) before `deadline` (time.monotonic);
+    Unread when the child has not taken it by then, BrokenPipeError when it is gone. `on_wait` runs whenever
+    0.2 s pass without progress (it raises to give up). A module that stops reading its requests (e.g. one
+    that swapped the descriptor the loop reads) so never blocks this side for longer than the call may
+    take."""
+    view = memoryview(data)
+    os.set_blocking(fd, False)
+    while view:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise Unread
+        _, ready, _ = select.select([], [fd], [], min(left, 0.2))
+        if not ready:
+            on_wait()
+            continue
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            continue
+
+
 def decode(line: bytes) -> dict[str, Any]:
     """The answer as a dict; ProtocolError when it is not JSON, not an object or nested too deep."""
     try:

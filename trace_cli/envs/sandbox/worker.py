@@ -26,6 +26,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -42,6 +43,7 @@ from trace_cli.envs.sandbox.leftovers import SANDBOX_PREFIX, write_owner
 from trace_cli.errors import CheckFailed, UsageError, a
 
 MAX_SOURCE_BYTES = 256 * 1024
+DEL_TIMEOUT_S = 5.0  # dropping an instance (at garbage collection) may wait at most this long on the module
 
 
 class SandboxViolation(CheckFailed):
@@ -197,6 +199,7 @@ class SandboxWorker:
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def close(self) -> None:
+        self.dead = self.dead or "closed"
         self._finalizer()
 
     def __enter__(self) -> SandboxWorker:
@@ -244,18 +247,33 @@ class SandboxWorker:
         return f"the module process ended during {op}() ({how}){': ' + last if last else ''}"
 
     # -- calls -------------------------------------------------------------------------------------------
-    def call(self, op: str, **kw: Any) -> Any:
+    def call(self, op: str, *, timeout_s: float | None = None, **kw: Any) -> Any:
+        """One request and its answer, within the per-call limits (`timeout_s`: a shorter wall clock)."""
         if self.dead:
             raise SandboxViolation(self.dead)
+        request = (json.dumps({"op": op, **kw}) + "\n").encode()
         self._thaw(op)
         cpu0 = None if self._startup else protocol.tree_cpu(self.proc.pid)
         self._calls += 1
+        limit = self.limits.timeout_s if timeout_s is None else min(timeout_s, self.limits.timeout_s)
+        deadline = time.monotonic() + limit  # the whole call: sending the request and reading its answer
         try:
-            self.proc.stdin.write((json.dumps({"op": op, **kw}) + "\n").encode())
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            self._die(self._exit_reason(op))
-        reply = self._answer(op, cpu0)
+            try:
+                protocol.send(self.proc.stdin.fileno(), request, deadline, self._cpu_check(op, cpu0))
+            except protocol.Unread:
+                self._die(
+                    f"timed out: the module does not read its requests ({op}() not taken within {limit:g} s)"
+                )
+            except (BrokenPipeError, OSError):
+                self._die(self._exit_reason(op))
+            reply = self._answer(op, cpu0, deadline, limit)
+        except BaseException:
+            # Ctrl-C, SIGTERM or any error in the middle of a call leaves the pipe in an unknown state (half a
+            # request written, an answer unread): the worker is of no further use, and nothing may wait on it
+            if not self.dead:
+                self.dead = f"interrupted during {op}()"
+                self._kill()
+            raise
         extra = self._stray_threads()
         if extra:
             self._die(
@@ -288,18 +306,21 @@ class SandboxWorker:
             )
         protocol.signal_tree(self.proc.pid, signal.SIGCONT)
 
-    def _answer(self, op: str, cpu0: float | None) -> dict[str, Any]:
+    def _cpu_check(self, op: str, cpu0: float | None):
         def over_cpu() -> None:  # the same grace as a kernel RLIMIT_CPU armed at whole seconds: 1 s over
             if cpu0 is not None and protocol.tree_cpu(self.proc.pid) - cpu0 > self.limits.cpu_s + 1.0:
                 self._die(f"CPU time limit exceeded ({self.limits.cpu_s:g} s per call) in {op}()")
 
+        return over_cpu
+
+    def _answer(self, op: str, cpu0: float | None, deadline: float, limit: float) -> dict[str, Any]:
         try:
-            line = self._chan.read_line(time.monotonic() + self.limits.timeout_s, over_cpu)
+            line = self._chan.read_line(deadline, self._cpu_check(op, cpu0))
             if line is None:
                 self._die(self._exit_reason(op))
             reply = protocol.decode(line)
         except TimeoutError:
-            self._die(f"timed out: no answer to {op}() within {self.limits.timeout_s:g} s (an endless loop?)")
+            self._die(f"timed out: no answer to {op}() within {limit:g} s (an endless loop?)")
         except protocol.ProtocolError as e:
             self._die(f"{e} (in {op}())")
         if reply.get("too_large"):  # the child's loop refuses to send what this side would refuse to read
@@ -367,9 +388,9 @@ class SandboxedEnv:
 
     def __del__(self) -> None:
         w = getattr(self, "worker", None)
-        if w is not None and not w.dead and w.proc.poll() is None:
+        if w is not None and not w.dead and w.proc.poll() is None and not sys.is_finalizing():
             try:
-                w.call("del", handle=self.handle)
+                w.call("del", handle=self.handle, timeout_s=DEL_TIMEOUT_S)
             except Exception:  # noqa: BLE001 - best effort at garbage collection
                 pass
 
