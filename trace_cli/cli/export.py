@@ -79,6 +79,12 @@ def tau2(rollouts, out, force, as_json, store_dir):
         version=__version__,
     )
     write_atomic(path, lambda f: json.dump(doc, f, ensure_ascii=False, indent=2))
+    if doc.get("info", {}).get("user_info", {}).get("implementation") == fmt.SCRIPTED_USER:
+        click.echo(
+            "note: these episodes ran with trace's scripted user (user=scripted), not τ²-bench's user simulator: "
+            "the file says so (info.user_info) and its rewards are not τ²-bench scores",
+            err=True,
+        )
     _report(art, path, counts, as_json)
 
 

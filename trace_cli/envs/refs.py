@@ -22,4 +22,21 @@ def env_identity(ref: str | dict[str, Any], *, store: Any = None) -> dict[str, A
     for k, v in norm.items():
         if not isinstance(v, list) and k == "families":
             norm[k] = [v]
-    return {"id": {"name": name, "params": norm}, "inputs": []}
+    ident: dict[str, Any] = {"name": name, "params": norm}
+    data = _data_identity(name, norm)
+    if data is not None:
+        ident["data"] = data  # e.g. a τ²-bench domain's fingerprint: other data, another id
+    return {"id": ident, "inputs": []}
+
+
+def _data_identity(name: str, params: dict[str, Any]) -> Any:
+    """What a factory says identifies the data behind it (`factory.identity(params)`), if it says anything."""
+    from trace_cli.envs.registry import get_factory
+    from trace_cli.errors import NotFoundError
+
+    try:
+        factory = get_factory(name)
+    except NotFoundError:
+        return None
+    identity = getattr(factory, "identity", None)
+    return identity(params) if callable(identity) else None

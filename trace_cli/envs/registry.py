@@ -33,7 +33,12 @@ _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]*$")
 _BUILTINS: dict[str, str] = {
     "shop": "trace_cli.envs.shop:make_shop_env",
     "shop-mixed": "trace_cli.envs.shop:make_shop_mixed_env",
+    "tau2-retail": "trace_cli.envs.tau2:make_retail",
+    "tau2-airline": "trace_cli.envs.tau2:make_airline",
+    "tau2-telecom": "trace_cli.envs.tau2:make_telecom",
 }
+# other spellings of a built-in name (τ²-bench's own `domain` names, prefixed)
+ALIASES = {"tau2:retail": "tau2-retail", "tau2:airline": "tau2-airline", "tau2:telecom": "tau2-telecom"}
 _REGISTERED: dict[str, EnvFactory] = {}
 
 
@@ -128,6 +133,7 @@ def parse_env_ref(ref: str | dict[str, Any]) -> tuple[str, dict[str, Any]]:
             raise UsageError(f"cannot parse parameters {query!r} in environment reference {ref!r}")
     else:
         raise UsageError(f"environment reference must be a string or a mapping, got {type(ref).__name__}")
+    name = ALIASES.get(name, name) if isinstance(name, str) else name
     if not isinstance(name, str) or not _NAME.match(name):
         raise UsageError(f"invalid environment name {name!r} in reference {ref!r}")
     return name, dict(params)

@@ -11,6 +11,7 @@ full. Malformed tool calls are answered with a tool error, never dropped.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,6 +96,11 @@ def apply_actions(
         turn = Turn(list(turn))
     actions = turn.actions
     calls = [a for a in actions if "name" in a or "malformed" in a]
+    begin = getattr(state.env, "begin_turn", None)
+    if begin is not None and calls:
+        # an environment that counts messages (τ²-bench: one assistant message however many calls it holds)
+        n_bad = sum("malformed" in a for a in calls)
+        begin(turn.text, len(calls) - n_bad, n_bad)
     if calls:
         ids = [f"call_{state.n_actions}_{i}" for i in range(len(calls))]
         msg: dict[str, Any] = {"role": "assistant", "content": turn.text}
@@ -148,6 +154,10 @@ def apply_actions(
         elif res.observation is not None:
             state.messages.append({"role": res.role or "user", "content": res.observation})
     state.n_actions += 1
+    if not state.done and getattr(state.env, "own_budget", False):
+        if getattr(state.env, "done", False):  # the environment ended it between calls (its budget)
+            state.done, state.termination = True, getattr(state.env, "termination", None) or "env_done"
+        return  # it counts its own steps and errors (τ²-bench's max_steps, max_errors)
     if not state.done and state.n_actions >= max_turns:
         state.done, state.termination = True, "max_turns"
     if not state.done and state.n_errors >= max_errors:
@@ -192,31 +202,69 @@ def rollout(
     queue = list(enumerate(jobs))
     active: list[tuple[int, EpisodeState]] = []
     results: dict[int, EpisodeResult] = {}
-    while queue or active:
-        while queue and len(active) < batch_size:
-            idx, (seed, trial) = queue.pop(0)
-            st = start(make_env(), seed, trial)
-            if hasattr(policy, "begin"):
-                policy.begin(st)
-            active.append((idx, st))
-        outputs = policy.act([s for _, s in active])
-        still: list[tuple[int, EpisodeState]] = []
-        for (idx, st), turn in zip(active, outputs, strict=True):
-            if isinstance(turn, str | bytes):
-                raise TypeError(
-                    f"{type(policy).__name__}.act returned text: policies return structured turns (a Turn, or "
-                    "a list of actions); trace_cli.agents.base.text_turn parses generated text into one"
-                )
-            apply_actions(st, turn, max_turns=max_turns)
-            if st.done:
-                res = finish(st)
-                results[idx] = res
-                if on_done:
-                    on_done(res)
-            else:
-                still.append((idx, st))
-        active = still
+    pool: ThreadPoolExecutor | None = None
+    try:
+        while queue or active:
+            fresh: list[tuple[int, Environment, int, int]] = []
+            while queue and len(active) + len(fresh) < batch_size:
+                idx, (seed, trial) = queue.pop(0)
+                fresh.append((idx, make_env(), seed, trial))
+            if fresh:
+                pool = pool or _pool_for([env for _, env, _, _ in fresh], batch_size)
+                started = _each(pool, lambda job: start(job[1], job[2], job[3]), fresh)
+                for (idx, *_), st in zip(fresh, started, strict=True):
+                    if hasattr(policy, "begin"):
+                        policy.begin(st)
+                    active.append((idx, st))
+            outputs = policy.act([s for _, s in active])
+            for turn in outputs:
+                if isinstance(turn, str | bytes):
+                    raise TypeError(
+                        f"{type(policy).__name__}.act returned text: policies return structured turns (a Turn, "
+                        "or a list of actions); trace_cli.agents.base.text_turn parses generated text into one"
+                    )
+            _each(
+                pool,
+                lambda pair: apply_actions(pair[0][1], pair[1], max_turns=max_turns),
+                zip(active, outputs, strict=True),
+            )
+            active = _finish_done(active, results, on_done)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True)
     return [results[i] for i in range(len(jobs))]
+
+
+def _pool_for(envs: list[Environment], batch_size: int) -> ThreadPoolExecutor | None:
+    """Threads for environments whose steps wait on a server (`concurrent_steps`: τ²-bench's LLM user), so the
+    user turns of one round reach it together and a batching server batches them; None: step in order."""
+    if batch_size > 1 and any(getattr(env, "concurrent_steps", False) for env in envs):
+        return ThreadPoolExecutor(max_workers=batch_size, thread_name_prefix="env-step")
+    return None
+
+
+def _each(pool: ThreadPoolExecutor | None, fn: Callable[[Any], Any], items: Any) -> list[Any]:
+    items = list(items)
+    if pool is None or len(items) < 2:
+        return [fn(x) for x in items]
+    return list(pool.map(fn, items))
+
+
+def _finish_done(
+    active: list[tuple[int, EpisodeState]],
+    results: dict[int, EpisodeResult],
+    on_done: Callable[[EpisodeResult], None] | None,
+) -> list[tuple[int, EpisodeState]]:
+    still: list[tuple[int, EpisodeState]] = []
+    for idx, st in active:
+        if st.done:
+            res = finish(st)
+            results[idx] = res
+            if on_done:
+                on_done(res)
+        else:
+            still.append((idx, st))
+    return still
 
 
 # a fixed plan is never cut short by the loop's cap (it ends where the plan or the environment does)

@@ -39,6 +39,9 @@ _TERMINATION_MAP = {"max_turns": "max_steps"}  # else: an agent-side ending (tra
 _RUN_FIELDS = ("agent_cost", "user_cost", "agent_usage", "timestamp", "mode")
 _REWARD_FIELDS = ("db_check", "reward_basis", "reward_breakdown")
 ORIGINAL = "tau2"  # the key of an ingested episode's τ²-bench original in its `info`
+NATIVE = "tau2_env"  # the key of a tau2-* environment episode's τ² task and settings in its `info`
+# the user of runs with `user=scripted`, as their exported file names it: never a τ²-bench score
+SCRIPTED_USER = "trace-scripted-user (deterministic, not τ²-bench's user simulator: NOT a τ²-bench score)"
 
 
 def patch(orig: dict[str, Any], made: dict[str, Any]) -> dict[str, Any]:
@@ -225,12 +228,20 @@ def results(
     tasks: dict[str, dict[str, Any]] = {}
     sims = []
     lossy = 0
+    # episodes of trace's own tau2-* environments carry τ²'s task and run settings (`info.tau2_env`)
+    natives = [(e.get("info") or {}).get(NATIVE) for e in scored]
+    native = natives[0] if scored and all(isinstance(n, dict) for n in natives) else None
     for e, policy, msgs, lost in converted:
         lossy += lost
         info = e.get("info") or {}
         if e["task_id"] not in tasks:
-            tasks[e["task_id"]] = _task(e, e.get("messages") or [])
+            tasks[e["task_id"]] = info[NATIVE]["task"] if native else _task(e, e.get("messages") or [])
         reward_info: dict[str, Any] = {"reward": float(e["reward"])}
+        if native and isinstance(info.get("breakdown"), dict):
+            details = info["breakdown"].get("details") or {}
+            if details.get("reward_basis"):
+                reward_info["reward_basis"] = details["reward_basis"]
+                reward_info["reward_breakdown"] = info["breakdown"].get("components") or {}
         rb = info.get("reward_breakdown")
         if isinstance(rb, dict):
             reward_info.update({k: rb[k] for k in _REWARD_FIELDS if rb.get(k) is not None})
@@ -280,14 +291,23 @@ def results(
             }
     trials = [e.get("trial") for e in scored if e.get("trial") is not None]
     agent_llm = next((e["info"]["agent_llm"] for e in scored if (e.get("info") or {}).get("agent_llm")), None)
+    user_info: dict[str, Any] = {
+        "implementation": "scripted" if agent is not None else "unknown",
+        "llm": None,
+    }
+    if native:
+        max_steps, domain = native["max_steps"], native["domain"]
+        user_info = {"implementation": "user_simulator", "llm": native.get("user_model")}
+        if not native.get("comparable"):
+            user_info["implementation"] = SCRIPTED_USER
     doc = {
         "timestamp": now,
         "info": {
             "git_commit": f"trace-cli {version}".strip(),
             "num_trials": max(trials) + 1 if trials else 1,
             "max_steps": int(max_steps or max((len(m) for _, _, m, _ in converted), default=0)),
-            "max_errors": 10,
-            "user_info": {"implementation": "scripted" if agent is not None else "unknown", "llm": None},
+            "max_errors": int(native["max_errors"]) if native else 10,
+            "user_info": user_info,
             "agent_info": {"implementation": "trace", "llm": agent_llm or agent},
             "environment_info": {"domain_name": domain, "policy": env_policy, "tool_defs": tool_defs(tools)},
             "seed": None,

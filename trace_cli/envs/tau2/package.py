@@ -14,6 +14,7 @@ import copy
 import functools
 import hashlib
 import importlib
+import importlib.util
 import json
 import os
 import pickle
@@ -214,3 +215,41 @@ def domain(name: str) -> Domain:
         user_tools=user_tools,
         solo_policy=solo,
     )
+
+
+def source_constant(module: str, name: str) -> str:
+    """A string constant of a τ² module that cannot be imported here (its agents and user simulator import
+    litellm), read from the installed source with `ast`: `NAME = "..."` or `NAME = \"\"\"...\"\"\".strip()`."""
+    import ast
+
+    tau2()
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise _missing(f"module {module} not found")
+    tree = ast.parse(Path(spec.origin).read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == name for t in node.targets
+        ):
+            value = node.value
+            strip = False
+            if (
+                isinstance(value, ast.Call)
+                and isinstance(value.func, ast.Attribute)
+                and value.func.attr == "strip"
+                and not value.args
+            ):
+                value, strip = value.func.value, True
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                return value.value.strip() if strip else value.value
+    raise _missing(
+        f"{module}.{name} is not a string constant in the installed τ²-bench ({DIST}=={PINNED} expected)"
+    )
+
+
+def data_file(*parts: str) -> str:
+    """A file of τ²'s data directory (e.g. the user simulator's guidelines)."""
+    tau2()
+    from tau2.utils.utils import DATA_DIR
+
+    return (Path(DATA_DIR).joinpath(*parts)).read_text()
