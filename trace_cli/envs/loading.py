@@ -26,7 +26,8 @@ def load_environment(art: Any, **params: Any) -> Environment:
         from trace_cli.envs.synthetic import get_template
 
         tools = {t["function"]["name"]: t for t in doc.get("tools") or []}
-        return get_template(doc["template"])(tools=tools, max_turns=max_turns, **merged)
+        world = _world(art, doc)
+        return get_template(doc["template"])(tools=tools, max_turns=max_turns, world=world, **merged)
     if doc.get("source") == "module":
         from trace_cli.envs.sandbox import module_env_factory
 
@@ -37,3 +38,25 @@ def load_environment(art: Any, **params: Any) -> Environment:
     raise UsageError(
         f"{art.uri}: {ENV_FILE} has unknown source {doc.get('source')!r} (expected template or module)"
     )
+
+
+def _world(art: Any, doc: dict[str, Any]) -> str:
+    """The world an artifact's tasks live in (`world.name`; artifacts from before worlds: the shop), loaded: a
+    world whose package is missing fails with its install hint, and one whose data changed since (its identity,
+    e.g. τ²'s data fingerprint and the generator's version) fails too, naming both."""
+    from trace_cli.envs.worlds import DEFAULT, get_world
+
+    recorded = doc.get("world") or {"name": DEFAULT}
+    try:
+        world = get_world(recorded["name"])
+    except UsageError as exc:
+        raise UsageError(f"{art.uri}: its environment lives in world {recorded['name']!r}: {exc}") from None
+    now = world.identity()
+    if recorded["name"] != DEFAULT and now != recorded:
+        diff = sorted(k for k in set(now) | set(recorded) if now.get(k) != recorded.get(k))
+        raise UsageError(
+            f"{art.uri}: synthesized on world {recorded['name']!r} as it was then ({', '.join(diff)} differ now); "
+            "install the version it records or synthesize again",
+            hint=json.dumps({k: recorded.get(k) for k in diff}, default=str)[:400],
+        )
+    return world.name

@@ -11,10 +11,13 @@ from trace_cli.store import Artifact, Store
 
 
 def resolve_target(ref: Any, store: Store) -> dict[str, Any]:
-    """{"kind": env|rollouts, "ref", "tools": {name: schema}, "identity", "inputs", "artifact"}."""
+    """{"kind": env|rollouts, "ref", "tools": {name: schema}, "identity", "inputs", "artifact", "world"}: `world` is
+    the world the synthesized tasks live in (`envs.worlds.world_for_target`: `tau2-retail` for that target, else
+    the shop)."""
     from trace_cli.envs.refs import env_identity
     from trace_cli.envs.registry import list_envs, make_env, parse_env_ref
     from trace_cli.envs.synthetic import recover_tools
+    from trace_cli.envs.worlds import DEFAULT, world_for_target
 
     def from_rollouts(art: Artifact) -> dict[str, Any]:
         tools = recover_tools(art)
@@ -30,6 +33,7 @@ def resolve_target(ref: Any, store: Store) -> dict[str, Any]:
             "identity": {"rollouts": art.id},
             "inputs": [art.as_input("target")],
             "artifact": art.uri,
+            "world": DEFAULT,
         }
 
     if isinstance(ref, str) and (ref.startswith("store://") or ref.split("/", 1)[0] in ("rollouts",)):
@@ -62,4 +66,5 @@ def resolve_target(ref: Any, store: Store) -> dict[str, Any]:
         "identity": ident["id"],
         "inputs": ident["inputs"],
         "artifact": None,
+        "world": world_for_target(ref),
     }

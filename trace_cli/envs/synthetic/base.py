@@ -411,15 +411,16 @@ class SyntheticEnv(ScriptedConversation):
 
     # -- acting --------------------------------------------------------------------------------------------
     def _tool_call(self, action: dict[str, Any]) -> tuple[str, bool]:
+        self._views = {}
+        if not self.world.validates:
+            # the world's own toolkit answers every call, errors included (τ²: "Error: ..." as τ² words it)
+            name, args = action.get("name"), action.get("arguments", {})
+            out, error = self.api.call(name, args)
+            self.calls.append({"turn": self.turns, "name": name, "arguments": args, "ok": not error})
+            return out, error
         name, args, bad = decode_tool_call(action, self.tool_schemas)
         if bad:
             return bad, True
-        self._views = {}
-        if not self.world.validates or not isinstance(args, dict):
-            # the world's own toolkit answers every call, errors included (τ²: "Error: ..." as τ² words it)
-            out, error = self.api.call(name, args if isinstance(args, dict) else {})
-            self.calls.append({"turn": self.turns, "name": name, "arguments": args, "ok": not error})
-            return out, error
         problems = validate_arguments(self.tool_schemas[name], args)
         if not problems:
             # A target schema (e.g. recovered from rollouts) can be looser than the implementation needs.
