@@ -113,17 +113,23 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
     if cfg["tools"] == "needed":
         if cfg["author"] != "template":
             raise UsageError("tools: needed keeps the template's own tool list; it needs author: template")
+        from trace_cli.envs.worlds import get_world
         from trace_cli.envs.worlds.tasks import HANDOFF
 
         # the template's tools, and the target's hand-off to a human, which every target task offers last
-        needed = {*TEMPLATES[cap].TOOLS, HANDOFF}
+        world = get_world(target["world"])
+        needed = {*(world.tool_for(n) for n in TEMPLATES[cap].TOOLS), HANDOFF}
         target = {**target, "tools": {n: t for n, t in target["tools"].items() if n in needed}}
     model = resolve_model(cfg["model"], store)
     shape = None
     if cap in TEMPLATES:  # validate the difficulty parameters now, before any compute
-        TEMPLATES[cap](tools=target["tools"], max_turns=cfg["max_turns"], **cfg["params"])
+        TEMPLATES[cap](
+            tools=target["tools"], max_turns=cfg["max_turns"], world=target["world"], **cfg["params"]
+        )
         shape = _shape(cfg, diag, store, TEMPLATES[cap], target)
     id_config = {**cfg, "diagnosis": diag.id, "model": model.digest, "target": target["identity"]}
+    if target["world"] != "shop":  # the world's data and generator (shop ids stay as they were)
+        id_config["world"] = _world_identity(target["world"])
     inputs = [diag.as_input("diagnosis"), model.as_input("model")] + target["inputs"]
     p = Prepared(NAME, cfg, id_config, inputs, dict(OUTPUTS)).finalize()
     p.extra.update(
@@ -142,7 +148,7 @@ def _shape(cfg: dict[str, Any], diag, store: Store, template, target) -> dict[st
     if rollouts is None:
         return None
     lacking = [ep for ep, slot in diagnosed(diag, rollouts, [cfg["capability"]]) if slot]
-    kw = {"tools": target["tools"], "max_turns": cfg["max_turns"]}
+    kw = {"tools": target["tools"], "max_turns": cfg["max_turns"], "world": target["world"]}
     return shape_for(template, lacking, cfg["shape_min_tasks"], cfg["params"], **kw)
 
 
@@ -211,7 +217,11 @@ def _candidate(cfg: dict[str, Any], store: Store, prepared: Prepared, limits: An
     if module_src is None:
         cls = TEMPLATES[cap]
         return Candidate(
-            lambda params: lambda: cls(tools=target["tools"], max_turns=cfg["max_turns"], **params),
+            lambda params: (
+                lambda: cls(
+                    tools=target["tools"], max_turns=cfg["max_turns"], world=target["world"], **params
+                )
+            ),
             {
                 "level": cls.DEFAULT_LEVEL,
                 **(prepared.extra["shape"] or {}).get("params", {}),
@@ -376,6 +386,14 @@ def _keep_token_rollouts(path, results: list[Any], policy: Any, prepared: Prepar
     }
 
 
+def _world_identity(name: str) -> dict[str, Any]:
+    """What environment.yaml records of the world (envs.worlds): its name, and for a packaged world the
+    generator's version and the package's data fingerprint (loading checks them)."""
+    from trace_cli.envs.worlds import get_world
+
+    return get_world(name).identity()
+
+
 def _document(prepared, cand: Candidate, env, obs, params, checks, attempts, limits) -> dict[str, Any]:
     """environment.yaml of the admitted environment (schema environment.v1.json)."""
     from trace_cli.envs.artifact import MODULE_FILE
@@ -393,7 +411,8 @@ def _document(prepared, cand: Candidate, env, obs, params, checks, attempts, lim
         "source": "template" if cand.module_src is None else "module",
         "params": params,
         "max_turns": cfg["max_turns"],
-        "policy": "shop",
+        "policy": target["world"],
+        "world": _world_identity(target["world"]),
         "tools": obs.tools,
         "tool_sources": dict(getattr(env, "tool_sources", {})) or {n: "module" for n in used},
         "target": {
