@@ -111,6 +111,16 @@ def _padded_prompts(tok, short: str):
     return tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
 
 
+def test_report_charts_routing_accuracy_per_expert_as_compose_wrote_it(moe_art, composed_store):
+    """`trace report`'s routing chart reads the keys compose writes: every expert's bar, not only the overall."""
+    from trace_cli.report.collect import routing
+
+    [c] = [r for r in routing(composed_store) if r["name"] == "c-moe"]
+    s = moe_art.summary
+    assert c["overall"] == s["routing_accuracy"]
+    assert c["per_expert"] == s["routing_accuracy_per_expert"] and set(c["per_expert"]) == {"base", *CAPS}
+
+
 def test_kv_cached_generation_equals_uncached(loaded):
     model, tok, _doc, extra = loaded
     enc = _padded_prompts(tok, "Hello")

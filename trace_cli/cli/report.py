@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from trace_cli.cli.common import echo_json, info, json_option, open_store, store_option
+from trace_cli.cli.common import echo_json, info, json_option, open_store, print_table, store_option
 
 
 @click.command(
@@ -53,4 +53,42 @@ def report(out, recipe, sample_efficiency, force, as_json, store_dir):
     if as_json:
         echo_json(res)
     else:
+        rows = findings_rows(res["findings"])
+        if rows:
+            print_table(["", "name", "on", "result"], rows, title="What the loop found and fixed")
         info(f"wrote {res['out']}: {res['figures']} figure(s), {res['bytes'] / 1024:.0f} KiB")
+
+
+def findings_rows(f: dict) -> list[list[str]]:
+    """The report's first screen as table rows (what `make demo` prints at its end)."""
+
+    def n(x) -> str:
+        return "?" if x is None else f"{x:.3f}"
+
+    rows = [
+        ["selected", c["name"], c["diagnosis"], f"gap {c['delta']:+.2f}, coverage {c['coverage']:.2f}"]
+        for c in f.get("capabilities") or []
+    ]
+    rows += [
+        [
+            "environment",
+            e["name"],
+            str(e["capability"]),
+            f"level {e['level']}, success {n(e['success'])}"
+            if e["admitted"]
+            else "not calibrated (out of band)",
+        ]
+        for e in f.get("environments") or []
+    ]
+    for kind in ("adapters", "compositions"):
+        for a in f.get(kind) or []:
+            label = a["name"] if kind == "adapters" else f"{a['name']} ({a['method']})"
+            rows.append(
+                [
+                    kind[:-1],
+                    label,
+                    f"{a['env']} {a['seeds']}",
+                    f"base {n(a['base_pass@1'])} -> {n(a['pass@1'])}",
+                ]
+            )
+    return rows

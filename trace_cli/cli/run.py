@@ -10,8 +10,8 @@ from trace_cli.cli.common import echo_json, info, json_option, open_store, print
 @click.command(
     epilog=(
         "Examples:\n\n  trace run recipes/demo.yaml\n\n"
-        "  trace run recipes/demo.yaml --set steps.sft.with.epochs=2 --from sft\n\n"
-        "  trace run recipes/demo.yaml --to ingest --force\n\n"
+        "  trace run recipes/demo.yaml --set steps.train_precondition.with.max_steps=6 --from train_precondition\n\n"
+        "  trace run recipes/demo.yaml --to ingest_retail --force\n\n"
         "A step whose config and input digests are unchanged is skipped. --from ID runs ID and the steps that "
         "depend on it; --to ID runs ID and the steps it depends on; other steps must be up to date."
     )
@@ -59,7 +59,9 @@ def run(recipe, force, from_, to, overrides, as_json, store_dir):
         )
 
 
-@click.command(epilog="Example:\n\n  trace status recipes/demo.yaml --set steps.ingest.with.on_error=skip")
+@click.command(
+    epilog="Example:\n\n  trace status recipes/demo.yaml --set steps.ingest_retail.with.on_error=skip"
+)
 @click.argument("recipe", type=click.Path(dir_okay=False))
 @click.option(
     "--set",

@@ -21,6 +21,9 @@ body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max
 color:#222;padding:0 1em}h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
 img{max-width:100%;border:1px solid #eee}table{border-collapse:collapse;font-size:.9em}
 td,th{border:1px solid #ddd;padding:.25em .6em;text-align:left}.muted{color:#777}
+.first{display:grid;grid-template-columns:minmax(0,3fr) minmax(0,1.2fr);gap:1.2em;align-items:start}
+.first h3{font-size:1em;margin:.9em 0 .3em}.first table{width:100%}.verdict{border:1px solid #ccc;padding:.2em .9em;
+background:#fafafa}.up{color:#17803d}.down{color:#b42318}
 """
 
 
@@ -72,11 +75,116 @@ def _se_table(panel: dict[str, Any]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>" + (f"<ul>{boot}</ul>" if boot else "")
 
 
+def _gain(base: Any, this: Any) -> str:
+    """`base → this`, coloured by the sign of the change."""
+    if this is None:
+        return ""
+    if base is None:
+        return f"{this:.3f}"
+    cls = "up" if this > base else ("down" if this < base else "muted")
+    return f"{base:.3f} → <span class={cls}>{this:.3f}</span>"
+
+
+def _table(head: list[str], rows: list[list[str]], empty: str) -> str:
+    if not rows:
+        return f"<p class=muted>{html.escape(empty)}</p>"
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><tr>{th}</tr>{body}</table>"
+
+
+def first_screen(data: dict[str, Any]) -> str:
+    """What the loop found and fixed, with the benchmark's verdict beside it (the page's first screen)."""
+    f = data.get("findings") or {}
+    e = html.escape
+    caps = _table(
+        ["capability", "gap Δ", "coverage", "runs", "diagnosis"],
+        [
+            [
+                e(c["name"]),
+                f"{c['delta']:+.2f}",
+                f"{c['coverage']:.2f}",
+                f"{c.get('runs_passed')}/{c.get('runs_total')}",
+                e(c["diagnosis"]),
+            ]
+            for c in f.get("capabilities") or []
+        ],
+        "no diagnosis in this store",
+    )
+    envs = _table(
+        ["environment", "capability", "calibrated", "success (band)"],
+        [
+            [
+                e(x["name"]),
+                e(str(x["capability"])),
+                (
+                    f"level {x['level']}"
+                    if x["admitted"]
+                    else f"<span class=down>not in band</span> ({x['attempts']} attempts)"
+                ),
+                f"{_num(x['success'])} ({x['band'][0]}–{x['band'][1]})",
+            ]
+            for x in f.get("environments") or []
+        ],
+        "no environment in this store",
+    )
+    adapters = _table(
+        ["adapter", "capability", "evaluated on", "base → adapter"],
+        [
+            [
+                e(a["name"]),
+                e(str(a["capability"])),
+                f"{e(a['env'])} {e(a['seeds'])}",
+                _gain(a["base_pass@1"], a["pass@1"]),
+            ]
+            for a in f.get("adapters") or []
+        ],
+        "no evaluated adapter in this store",
+    )
+    comps = f.get("compositions") or []
+    fams = sorted({k for c in comps for k in c["families"]})
+    compositions = _table(
+        ["composition", "evaluated on", "pass@1", *fams],
+        [
+            [
+                f"{e(c['name'])} <span class=muted>({e(str(c['method']))})</span>",
+                f"{e(c['env'])} {e(c['seeds'])}",
+                _gain(c["base_pass@1"], c["pass@1"]),
+                *[
+                    _gain(c["families"].get(k, {}).get("base"), c["families"].get(k, {}).get("this"))
+                    for k in fams
+                ],
+            ]
+            for c in comps
+        ],
+        "no evaluated composition in this store",
+    )
+    se = data.get("sample_efficiency")
+    if se and isinstance(se.get("verdict"), dict):
+        v = se["verdict"]
+        aside = f"<p><b>{e(_verdict(v))}</b></p><p class=muted>{e(se['file'])}</p>"
+    elif se:
+        aside = f"<p>{e(se['file'])}: no pre-registered verdict</p>"
+    else:
+        aside = (
+            "<p class=muted>No benchmark given: add <code>--sample-efficiency FILE</code> (e.g. "
+            "benchmarks/results/sample_efficiency_mixed.json) to show its verdict here.</p>"
+        )
+    return (
+        "<h2>What the loop found and fixed</h2><div class=first><div>"
+        f"<h3>Found: the capabilities the diagnosis selected</h3>{caps}"
+        f"<h3>Environments, calibrated on the policy</h3>{envs}"
+        f"<h3>Fixed: each adapter against its base (same environment and seeds)</h3>{adapters}"
+        f"<h3>Compositions against the base, per task family</h3>{compositions}"
+        f"</div><aside class=verdict><h3>Benchmark verdict</h3>{aside}</aside></div>"
+    )
+
+
 def render(data: dict[str, Any]) -> tuple[str, int]:
     """The page and the number of figures in it."""
     from trace_cli.report import plots
 
-    parts: list[str] = []
+    parts: list[str] = [first_screen(data)]
     figures = 0
 
     def fig(png: bytes, alt: str) -> None:
@@ -151,4 +259,5 @@ def write_report(store, out: Path, recipe: Path | None = None, sample_efficiency
         "figures": figures,
         "bytes": len(page.encode()),
         "sections": {k: len(v) for k, v in data.items() if isinstance(v, list)},
+        "findings": data["findings"],
     }

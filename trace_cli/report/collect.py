@@ -165,10 +165,120 @@ def routing(store: Store, only: set[str] | None = None) -> list[dict[str, Any]]:
         acc = s.get("routing_accuracy")
         if acc is None:
             continue
-        per = acc.get("per_expert", {}) if isinstance(acc, dict) else {}
+        # compose writes routing_accuracy (overall) beside routing_accuracy_per_expert (compose/moe_train.py)
+        per = s.get("routing_accuracy_per_expert") or (acc.get("per_expert") if isinstance(acc, dict) else {})
         overall = acc.get("overall") if isinstance(acc, dict) else acc
         out.append({"name": label, "method": s.get("method"), "overall": overall, "per_expert": per})
     return out
+
+
+def _input(art, role: str) -> tuple[str, str] | None:
+    """(kind, id) of the artifact's input in `role`, None when it has none (a policy, a directory)."""
+    for i in art.manifest.get("inputs") or []:
+        if i.get("role") == role and i.get("id"):
+            return str(i.get("kind")), str(i["id"])
+    return None
+
+
+def _base_of(art) -> tuple[str, str] | None:
+    """The model an adapter or a composition was built on (its first input of kind model)."""
+    for i in art.manifest.get("inputs") or []:
+        if i.get("kind") == "model" and i.get("id"):
+            return "model", str(i["id"])
+    return None
+
+
+def findings(store: Store, only: set[str] | None = None) -> dict[str, Any]:
+    """What the loop found and fixed, the report's first screen: the capabilities each diagnosis selected with
+    their gap; each environment's calibration (the admitted attempt); each adapter against its base on the same
+    environment and seeds; each composition against its base on the same environment and seeds, per task
+    family. Pairs are made from the artifacts' recorded inputs, so only like is compared with like."""
+    names = _names(store)
+    runs = []  # every eval: what model on what env and seeds
+    for art, label in _kept(store, "eval", only):
+        env = _input(art, "env")
+        runs.append(
+            {
+                "name": label,
+                "model": _input(art, "model"),
+                "env": f"{env[0]}/{env[1]}" if env else str((art.config or {}).get("env")),
+                "env_label": _label_of(store, names, env) if env else str((art.config or {}).get("env")),
+                "seeds": str((art.config or {}).get("seeds")),
+                "pass@1": (art.summary or {}).get("pass@1"),
+                "families": {
+                    f: v.get("pass@1") for f, v in ((art.summary or {}).get("families") or {}).items()
+                },
+            }
+        )
+
+    def against_base(kind: str) -> list[dict[str, Any]]:
+        out = []
+        for art, label in _kept(store, kind, only):
+            if (art.summary or {}).get("snapshot_of"):
+                continue
+            base = _base_of(art)
+            for r in runs:
+                if r["model"] != (kind, art.id):
+                    continue
+                b = next(
+                    (
+                        x
+                        for x in runs
+                        if x["model"] == base and (x["env"], x["seeds"]) == (r["env"], r["seeds"])
+                    ),
+                    None,
+                )
+                fams = sorted(set(r["families"]) | set(b["families"] if b else {}))
+                out.append(
+                    {
+                        "name": label,
+                        "method": (art.summary or {}).get("method"),
+                        "capability": (art.summary or {}).get("capability"),
+                        "env": r["env_label"],
+                        "seeds": r["seeds"],
+                        "pass@1": r["pass@1"],
+                        "base_pass@1": b["pass@1"] if b else None,
+                        "gain": None
+                        if b is None or None in (b["pass@1"], r["pass@1"])
+                        else r["pass@1"] - b["pass@1"],
+                        "families": {
+                            f: {"base": (b["families"].get(f) if b else None), "this": r["families"].get(f)}
+                            for f in fams
+                        },
+                    }
+                )
+        return out
+
+    selected = []
+    for d in diagnoses(store, only):
+        for c in d["capabilities"]:
+            if c["selected"]:
+                selected.append({"diagnosis": d["name"], "rollouts": d["rollouts"], **c})
+    envs = []
+    for c in calibrations(store, only):
+        admitted = [a for a in c["attempts"] if a["in_band"]]
+        last = (admitted or c["attempts"] or [None])[-1]
+        envs.append(
+            {
+                "name": c["name"],
+                "capability": c["capability"],
+                "band": c["band"],
+                "attempts": len(c["attempts"]),
+                "admitted": bool(admitted),
+                "level": last["level"] if last else None,
+                "success": last["success"] if last else None,
+            }
+        )
+    return {
+        "capabilities": selected,
+        "environments": envs,
+        "adapters": against_base("adapter"),
+        "compositions": against_base("composition"),
+    }
+
+
+def _label_of(store: Store, names: dict[tuple[str, str], list[str]], ref: tuple[str, str]) -> str:
+    return sorted(names.get(ref, []) or [ref[1]])[0]
 
 
 def recipe_names(recipe: Path) -> set[str]:
@@ -256,6 +366,7 @@ def collect(
         "reward_curves": reward_curves(store, only),
         "evals": evals(store, only),
         "routing": routing(store, only),
+        "findings": findings(store, only),
         "sample_efficiency": None,
     }
     if sample_efficiency:
