@@ -54,6 +54,7 @@ NOT_THE_KEY = {
     "llm/openai_client.py:Endpoint:api_key_env": "an openai: reference's own parameter, not the llm block's",
     "llm/openai_client.py:Endpoint:max_retries": "an openai: reference's own parameter, not the llm block's",
     "llm/openai_client.py:Endpoint:concurrency": "an openai: reference's own parameter, not the llm block's",
+    "llm/openai_client.py:Endpoint:max_answer_mb": "an openai: reference's own parameter, not the llm block's",
     # an environment's own cap on its steps is a parameter of the environment (its URI, `shop?max_turns=16`, or
     # environment.v1.json, which requires it): part of the task it poses, owned by the environment, not by a stage's
     # rollout cap (`max_turns` of eval/synthesize/train/compose, enforced by `envs.rollout`)

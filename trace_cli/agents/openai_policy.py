@@ -17,7 +17,8 @@ from typing import Any
 
 from trace_cli.agents.base import as_turn
 from trace_cli.envs.rollout import EpisodeState, Turn
-from trace_cli.llm.openai_client import Endpoint, api_error, make_client
+from trace_cli.errors import TraceError, UsageError, shown
+from trace_cli.llm.openai_client import AnswerLimit, Endpoint, answer_limits, api_error, make_client
 
 
 def to_openai(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -49,31 +50,62 @@ def to_openai(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+class MalformedAnswer(ValueError):
+    """A response that is not a chat completion of the expected shape (the message says what is wrong)."""
+
+
+def _field(obj: Any, name: str) -> Any:
+    """`obj.name` of an SDK object (or a dict's key): the SDK builds its objects without validation, so any
+    field may hold anything the server sent."""
+    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+
+
+def _text(content: Any) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):  # content parts
+        if all(isinstance(p, dict) and isinstance(p.get("text", ""), str) for p in content):
+            return "".join(p.get("text", "") for p in content)
+    raise MalformedAnswer(f"`content` is {type(content).__name__}, not text")
+
+
 def to_actions(message: Any) -> str | list[dict[str, Any]]:
-    """A response message -> text (no tool calls: parsed as a local model's turn) or structured actions."""
-    calls = getattr(message, "tool_calls", None) or []
+    """A response message -> text (no tool calls: parsed as a local model's turn) or structured actions.
+    MalformedAnswer when the message is not of a chat completion's shape; malformed `arguments` of a call
+    (not a JSON object, nested too deep, a number too long) make a malformed action instead."""
+    if message is None:
+        raise MalformedAnswer("`message` is null")
+    calls = _field(message, "tool_calls") or []
+    content = _text(_field(message, "content"))
     if not calls:
-        return message.content or ""
+        return content
+    if not isinstance(calls, list):
+        raise MalformedAnswer(f"`tool_calls` is {type(calls).__name__}, not a list")
     actions: list[dict[str, Any]] = []
-    if message.content:
-        actions.append({"content": message.content})
+    if content:
+        actions.append({"content": content})
     for tc in calls:
-        fn = tc.function
-        raw = fn.arguments or ""
+        fn = _field(tc, "function")
+        name, raw = _field(fn, "name"), _field(fn, "arguments") or ""
+        if not isinstance(name, str) or not isinstance(raw, str):
+            raise MalformedAnswer("a tool call without a function name and `arguments` text")
         try:
             args = json.loads(raw) if raw.strip() else {}
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, nested too deep, a number too long to convert
             args = None
         if not isinstance(args, dict):
             actions.append(
                 {
-                    "malformed": json.dumps({"name": fn.name, "arguments": raw}, ensure_ascii=False),
+                    "malformed": json.dumps({"name": name, "arguments": raw[:MAX_SHOWN]}, ensure_ascii=False),
                     "error": "`arguments` is not a JSON object",
                 }
             )
         else:
-            actions.append({"name": fn.name, "arguments": args})
+            actions.append({"name": name, "arguments": args})
     return actions
+
+
+MAX_SHOWN = 4096  # of malformed arguments kept in the episode
 
 
 class OpenAIPolicy:
@@ -109,14 +141,26 @@ class OpenAIPolicy:
         }
         if state.tools:
             kwargs["tools"] = state.tools
+        where = f"{self.endpoint.base_url} (model {self.endpoint.model})"
         try:
-            resp = self.client.chat.completions.create(**kwargs)
-        except Exception as e:  # noqa: BLE001 - mapped to a clear message (or re-raised as it is)
-            raise api_error(e, self.endpoint) from e
-        if not resp.choices:
-            return "", 0
-        used = getattr(resp.usage, "completion_tokens", 0) or 0
-        return to_actions(resp.choices[0].message), used
+            with answer_limits(self.endpoint):
+                resp = self.client.chat.completions.create(**kwargs)
+        except (Exception, AnswerLimit) as e:  # noqa: BLE001 - mapped to a clear message
+            err = api_error(e, self.endpoint)
+            if not isinstance(err, TraceError):  # the SDK could not read the answer (HTML, cut-off JSON)
+                err = UsageError(f"{where}: malformed answer ({type(e).__name__}: {shown(e, limit=200)})")
+            raise err from None
+        try:
+            choices = _field(resp, "choices")
+            if not isinstance(choices, list):
+                raise MalformedAnswer("no `choices` list (not a chat-completions response)")
+            if not choices:
+                return "", 0
+            used = _field(_field(resp, "usage"), "completion_tokens")
+            used = used if type(used) is int and 0 <= used < 1 << 40 else 0
+            return to_actions(_field(choices[0], "message")), used
+        except MalformedAnswer as e:
+            raise UsageError(f"{where}: malformed answer: {e}") from None
 
     def act(self, states: list[EpisodeState]) -> list[Turn]:
         if self._pool is None:

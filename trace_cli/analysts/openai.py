@@ -56,6 +56,8 @@ class OpenAIAnalyst(LLMAnalyst):
             model=self.model,
             api_key_env=self.api_key_env,
             timeout=float(llm["timeout_s"]),
+            deadline=float(llm["deadline_s"]),
+            max_answer_mb=float(llm["max_answer_mb"]),
             max_retries=self.max_retries,
             concurrency=self.concurrency,
         )

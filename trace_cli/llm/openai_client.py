@@ -3,22 +3,30 @@ to ours (a bad key, model or request is the user's to fix: exit 2), and `ChatCli
 completions the diagnose analyst and the environment author send.
 
 The SDK does the retrying (exponential backoff on connection errors, 408/409/429/5xx, honouring Retry-After)
-and the timeouts; nothing here speaks HTTP itself. This is a low layer: it imports only the SDK and
+and the per-read timeouts; nothing here speaks HTTP itself. An endpoint is untrusted: besides the SDK's
+timeout, which bounds each read (a server that trickles a byte a second would never hit it), every answer has
+a total deadline (`deadline`, the SDK's retries included) and a size cap (`max_answer_mb`, all bytes read for
+it), enforced under the SDK at the socket (`answer_limits`, `_LimitedBackend`): past either, the answer ends
+with `AnswerLimit`, which the SDK does not retry. This is a low layer: it imports only the SDK and
 `trace_cli.errors`, so that analysts, envs and agents can all use it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-from trace_cli.errors import UsageError
+from trace_cli.errors import UsageError, shown
 
 PREFIX = "openai:"
-PARAMS = ("model", "api_key_env", "timeout", "max_retries", "concurrency")
+PARAMS = ("model", "api_key_env", "timeout", "max_retries", "concurrency", "deadline", "max_answer_mb")
 
 
 @dataclass(frozen=True)
@@ -26,9 +34,11 @@ class Endpoint:
     base_url: str
     model: str
     api_key_env: str = "OPENAI_API_KEY"
-    timeout: float = 120.0
+    timeout: float = 120.0  # seconds one read may wait (the SDK's timeout)
     max_retries: int = 3
     concurrency: int = 16
+    deadline: float = 600.0  # seconds one whole answer may take, retries included
+    max_answer_mb: float = 32.0  # bytes one answer may take from the server, retries included
 
     @property
     def display(self) -> str:
@@ -55,13 +65,22 @@ def parse_ref(ref: str) -> Endpoint:
     kw: dict[str, Any] = {"base_url": base, "model": params["model"]}
     if params.get("api_key_env"):
         kw["api_key_env"] = params["api_key_env"]
-    for key, cast in (("timeout", float), ("max_retries", int), ("concurrency", int)):
+    for key, cast in (
+        ("timeout", float),
+        ("max_retries", int),
+        ("concurrency", int),
+        ("deadline", float),
+        ("max_answer_mb", float),
+    ):
         if key in params:
             try:
                 kw[key] = cast(params[key])
             except ValueError:
                 raise UsageError(f"{ref!r}: {key} must be a number, got {params[key]!r}") from None
-            if kw[key] < (1 if key == "concurrency" else 0):
+            low = 1 if key == "concurrency" else 0
+            if not kw[key] >= low or (
+                key in ("deadline", "max_answer_mb") and not 0 < kw[key] < float("inf")
+            ):
                 raise UsageError(f"{ref!r}: {key} is out of range ({params[key]})")
     return Endpoint(**kw)
 
@@ -70,17 +89,139 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _NO_KEY = "not-needed"
 
 
+# ------------------------------------------------------------------------------------- limits of an answer
+class AnswerLimit(BaseException):  # noqa: N818 - not an Exception on purpose: the SDK must not retry it
+    """An answer ran past its total deadline or its size cap. A BaseException, so that the SDK (which retries
+    any Exception of its transport) lets it through at once; the callers below turn it into our errors."""
+
+    def __init__(self, message: str, *, key: str):
+        super().__init__(message)
+        self.message = message
+        self.key = key  # the setting that bounds it (deadline, max_answer_mb)
+
+
+@dataclass
+class _Budget:
+    deadline: float  # time.monotonic()
+    seconds: float
+    max_bytes: int
+    received: int = 0
+
+    def left(self, timeout: float | None) -> float:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise AnswerLimit(f"no complete answer within {self.seconds:g} s", key="deadline")
+        return left if timeout is None else min(timeout, left)
+
+    def took(self, n: int) -> None:
+        self.received += n
+        if self.received > self.max_bytes:
+            raise AnswerLimit(
+                f"the answer is larger than {self.max_bytes / (1 << 20):g} MB", key="max_answer_mb"
+            )
+
+
+_LOCAL = threading.local()  # the budget of the answer this thread is waiting for (None: unbounded)
+
+
+@contextlib.contextmanager
+def answer_limits(ep: Endpoint) -> Iterator[None]:
+    """Bound every byte this thread reads from a server until the block ends: by `ep.deadline` seconds in all
+    and `ep.max_answer_mb` megabytes (AnswerLimit past either)."""
+    prev = getattr(_LOCAL, "budget", None)
+    _LOCAL.budget = _Budget(time.monotonic() + ep.deadline, ep.deadline, int(ep.max_answer_mb * (1 << 20)))
+    try:
+        yield
+    finally:
+        _LOCAL.budget = prev
+
+
+def _limited_stream(inner: Any) -> Any:
+    """A network stream whose reads and writes obey the calling thread's answer budget."""
+    import httpcore2
+
+    class LimitedStream(httpcore2.NetworkStream):
+        def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+            b = getattr(_LOCAL, "budget", None)
+            if b is None:
+                return inner.read(max_bytes, timeout)
+            try:
+                data = inner.read(max_bytes, b.left(timeout))
+            except httpcore2.ReadTimeout:
+                b.left(None)  # the total deadline, not the per-read timeout: AnswerLimit
+                raise
+            b.took(len(data))
+            return data
+
+        def write(self, buffer: bytes, timeout: float | None = None) -> None:
+            b = getattr(_LOCAL, "budget", None)
+            inner.write(buffer, timeout if b is None else b.left(timeout))
+
+        def close(self) -> None:
+            inner.close()
+
+        def start_tls(self, ssl_context, server_hostname=None, timeout=None):  # noqa: ANN001
+            b = getattr(_LOCAL, "budget", None)
+            t = timeout if b is None else b.left(timeout)
+            return _limited_stream(inner.start_tls(ssl_context, server_hostname, t))
+
+        def get_extra_info(self, info: str) -> Any:
+            return inner.get_extra_info(info)
+
+    return LimitedStream()
+
+
+def _limited_backend() -> Any:
+    import httpcore2
+
+    class LimitedBackend(httpcore2.SyncBackend):
+        def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):  # noqa: ANN001
+            b = getattr(_LOCAL, "budget", None)
+            t = timeout if b is None else b.left(timeout)
+            return _limited_stream(super().connect_tcp(host, port, t, local_address, socket_options))
+
+        def connect_unix_socket(self, path, timeout=None, socket_options=None):  # noqa: ANN001
+            b = getattr(_LOCAL, "budget", None)
+            t = timeout if b is None else b.left(timeout)
+            return _limited_stream(super().connect_unix_socket(path, t, socket_options))
+
+    return LimitedBackend()
+
+
+def _http_client(openai: Any, *, trust_env: bool) -> Any:
+    """The SDK's default HTTP client, its connections made through `_limited_backend` (so that every answer
+    obeys `answer_limits`). Where the transport is not the one expected (another httpx), the SDK's own."""
+    import httpcore2
+    import httpx2
+
+    # the SDK's own connection limits (DefaultHttpxClient's, which a given transport replaces)
+    transport = httpx2.HTTPTransport(
+        trust_env=trust_env, limits=httpx2.Limits(max_connections=1000, max_keepalive_connections=100)
+    )
+    pool = getattr(transport, "_pool", None)
+    if type(pool) is not httpcore2.ConnectionPool or not hasattr(
+        pool, "_network_backend"
+    ):  # pragma: no cover
+        return openai.DefaultHttpxClient(trust_env=trust_env)  # a proxy, or another httpx
+    pool._network_backend = _limited_backend()
+    return openai.DefaultHttpxClient(transport=transport, trust_env=trust_env)
+
+
 def make_client(ep: Endpoint):
     """An `openai.OpenAI` for the endpoint. Local servers need no key: a placeholder is sent then. Loopback
-    addresses bypass any HTTP(S)_PROXY of the environment (a proxy cannot reach our loopback)."""
+    addresses bypass any HTTP(S)_PROXY of the environment (a proxy cannot reach our loopback). Answers are
+    bounded under `answer_limits`."""
     try:
         import openai
     except ImportError as e:  # pragma: no cover - a dependency of the package
         raise UsageError("the `openai` package is not installed", hint="pip install openai") from e
     key = os.environ.get(ep.api_key_env) or _NO_KEY
     kw: dict[str, Any] = {}
-    if urlsplit(ep.base_url).hostname in _LOOPBACK:
-        kw["http_client"] = openai.DefaultHttpxClient(trust_env=False)
+    loopback = urlsplit(ep.base_url).hostname in _LOOPBACK
+    if loopback or not any(
+        os.environ.get(v) for v in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
+    ):
+        kw["http_client"] = _http_client(openai, trust_env=not loopback)
     return openai.OpenAI(
         base_url=ep.base_url, api_key=key, timeout=ep.timeout, max_retries=ep.max_retries, **kw
     )
@@ -91,6 +232,12 @@ def api_error(e: Exception, ep: Endpoint) -> Exception:
     import openai
 
     where = f"{ep.base_url} (model {ep.model})"
+    if isinstance(e, AnswerLimit):
+        return UsageError(
+            f"{where}: {e.message}",
+            hint=f"the endpoint's {e.key} (openai:URL?...&{e.key}=N) bounds every answer; default "
+            f"{_DEFAULTS[e.key]:g}",
+        )
     if isinstance(e, openai.APITimeoutError):
         return UsageError(f"{where}: no answer within {ep.timeout:g} s after {ep.max_retries} retries")
     if isinstance(e, openai.APIConnectionError):
@@ -105,8 +252,16 @@ def api_error(e: Exception, ep: Endpoint) -> Exception:
     return e
 
 
+_DEFAULTS = {"deadline": Endpoint.deadline, "max_answer_mb": Endpoint.max_answer_mb}
+
+
 def _message(e: Any) -> str:
-    """The server's own words from an SDK status error: OpenAI's error.message, FastAPI's detail, or text."""
+    """The server's own words from an SDK status error: OpenAI's error.message, FastAPI's detail, or text;
+    untrusted, so escaped (no control character reaches a terminal) and cut to 300 characters."""
+    return shown(" ".join(_raw_message(e).split()), limit=300)
+
+
+def _raw_message(e: Any) -> str:
     body = getattr(e, "body", None)
     if isinstance(body, dict):
         err = body.get("error", body)
@@ -123,6 +278,7 @@ def _message(e: Any) -> str:
 
 # ------------------------------------------------------------------------------------------ JSON-mode chat
 
+_SCHEMA_KEYS = {"deadline": "deadline_s", "max_answer_mb": "max_answer_mb"}  # the llm block's names
 RETRY_STATUS = frozenset({408, 409, 425, 429})  # with 5xx: the SDK retried these; still failing = unavailable
 DROPPABLE = ("response_format", "seed")  # parameters some servers reject; dropped after a 400 naming them
 
@@ -149,7 +305,7 @@ class Reply:
         """The first choice's message text (content parts joined). Raises MalformedReply."""
         try:
             msg = json.loads(self.body)["choices"][0]["message"]
-        except (ValueError, KeyError, IndexError, TypeError) as e:
+        except (ValueError, KeyError, IndexError, TypeError, RecursionError) as e:
             raise MalformedReply(f"not a chat-completions response ({type(e).__name__})") from e
         content = msg.get("content") if isinstance(msg, dict) else None
         if isinstance(content, list):  # content parts
@@ -211,9 +367,13 @@ class ChatClient:
                 body.pop(p, None)
             client = self.client.with_options(max_retries=budget - spent - 1)
             try:
-                raw = client.chat.completions.with_raw_response.create(
-                    model=self.ep.model, messages=messages, extra_headers=self._headers, **body
-                )
+                with answer_limits(self.ep):
+                    raw = client.chat.completions.with_raw_response.create(
+                        model=self.ep.model, messages=messages, extra_headers=self._headers, **body
+                    )
+                    content = raw.http_response.content
+            except AnswerLimit as e:
+                raise Unavailable(f"{e.message} (llm.{_SCHEMA_KEYS[e.key]} bounds every answer)") from None
             except openai.BadRequestError as e:
                 spent += 1  # a 400 is not retried by the SDK
                 msg = _message(e)
@@ -237,10 +397,10 @@ class ChatClient:
                     else f"connection error: {cause or e}",
                     unreachable=refused,
                 ) from None
-            return Reply(raw.http_response.content, spent + raw.retries_taken + 1)
+            return Reply(content, spent + raw.retries_taken + 1)
 
     def _usage_error(self, e: Any) -> UsageError:
-        msg = " ".join(_message(e).split())[:300]
+        msg = _message(e)
         return UsageError(
             f"{self.what} {self.url} answered HTTP {e.status_code} for model {self.ep.model!r}: {msg}",
             hint=self.hints.get(e.status_code),
