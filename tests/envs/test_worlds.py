@@ -237,3 +237,60 @@ def test_most_recent_needs_order_dates():
     assert "most_recent" not in kinds and kinds
     with pytest.raises(UsageError, match="no order dates"):
         cls(world="tau2-retail", kinds=["most_recent"])
+
+
+def _artifact(tmp_path, world_doc):
+    import yaml
+
+    from trace_cli.envs.artifact import ENV_FILE
+
+    cls = TEMPLATES["precondition_verification"]
+    doc = {
+        "source": "template",
+        "template": cls.capability,
+        "params": {"level": 1},
+        "max_turns": 12,
+        "tools": cls(world="tau2-retail").reset(0).tools,
+        "world": world_doc,
+    }
+    (tmp_path / ENV_FILE).write_text(yaml.safe_dump(doc))
+
+    class Art:
+        path = tmp_path
+        uri = "store://environment/test"
+
+    return Art()
+
+
+@needs_tau2
+def test_an_artifact_records_its_world_and_loading_checks_it(tmp_path, world, monkeypatch):
+    from trace_cli.envs.loading import load_environment
+
+    env = load_environment(_artifact(tmp_path, world.identity()))
+    assert env.world is world and env.reset(3).system_prompt == world.policy
+    changed = {**world.identity(), "tau2": {**world.identity()["tau2"], "db": "0" * 64}}
+    with pytest.raises(UsageError, match="as it was then \\(tau2 differ now\\)"):
+        load_environment(_artifact(tmp_path, changed))
+
+
+@needs_tau2
+def test_loading_a_tau2_artifact_without_the_package_fails_clearly(tmp_path, world, monkeypatch):
+    import importlib.metadata
+
+    import trace_cli.envs.tau2.world as tau2_world
+    from trace_cli.envs import worlds
+    from trace_cli.envs.loading import load_environment
+    from trace_cli.envs.tau2 import package
+
+    def not_installed(dist):
+        raise importlib.metadata.PackageNotFoundError(dist)
+
+    art = _artifact(tmp_path, world.identity())
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    monkeypatch.setattr(tau2_world, "tau2", package.tau2.__wrapped__)  # the uncached import check
+    worlds.get_world.cache_clear()
+    try:
+        with pytest.raises(UsageError, match="world 'tau2-retail'.*τ²-bench is not installed.*make install"):
+            load_environment(art)
+    finally:
+        worlds.get_world.cache_clear()
