@@ -301,3 +301,16 @@ def test_the_folder_check_sees_a_circle_between_two_sub_packages(tmp_path, monke
     assert _cycles({k: dict.fromkeys(v) for k, v in graph.items()}) == [
         ["trace_cli.envs.a", "trace_cli.envs.b"]
     ]
+
+
+def test_templates_reach_a_world_only_through_the_seam():
+    """The capability templates (envs.synthetic) import no world (envs.shop, envs.tau2): they see the target's world
+    through envs.worlds only, so a new world is a new module, not edits across the templates."""
+    bad = [
+        f"{path.relative_to(PKG.parent)}:{lineno} imports {name}"
+        for module, path in modules()
+        if module.startswith("trace_cli.envs.synthetic")
+        for lineno, name in imports(path, module, type_checking=True)
+        if name.startswith(("trace_cli.envs.shop", "trace_cli.envs.tau2"))
+    ]
+    assert not bad, "\n".join(bad)
