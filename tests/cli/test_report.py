@@ -9,6 +9,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -320,3 +321,70 @@ def test_a_recipe_step_that_fans_out_keeps_its_name_key_artifacts(tmp_path):
     assert _keep(art, {("environment", "abc"): ["envs-precondition_verification"]}, only)
     assert not _keep(art, {("environment", "abc"): ["other-precondition_verification"]}, only)
     assert not _keep(art, {("environment", "abc"): ["envs"]}, only)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs chromium (apt-get install chromium)")
+def test_the_first_screen_answers_what_the_loop_found_and_fixed_in_chromium(demo_store, tmp_path):
+    """docs/screenshot.py (which made docs/report-first-screen.png) over a real store: in a 1280x900 window
+    the first screen holds the findings and the benchmark's verdict beside them, laid out side by side."""
+    committed = REPO / "benchmarks" / "results" / "sample_efficiency_mixed.json"
+    out = tmp_path / "report.html"
+    r = run_cli(
+        "report", "--out", str(out), "--sample-efficiency", str(committed), "--store", str(demo_store.root)
+    )
+    assert r.exit_code == 0, r.output
+    probe = tmp_path / "probe.html"
+    probe.write_text(
+        out.read_text().replace(
+            "</body>",
+            "<script>window.onload=()=>{const f=document.querySelector('.first').getBoundingClientRect();"
+            "const v=document.querySelector('.verdict').getBoundingClientRect();"
+            "document.title='FIRST:'+Math.round(f.top)+':'+Math.round(v.left)+':'+Math.round(v.top)+':'"
+            "+document.querySelector('.verdict').innerText.replace(/\\s+/g,' ')};</script></body>",
+        )
+    )
+    sys.path.insert(0, str(REPO / "docs"))
+    try:
+        import screenshot
+    finally:
+        sys.path.remove(str(REPO / "docs"))
+    dom = screenshot.chromium(
+        "--window-size=1280,900",
+        "--virtual-time-budget=5000",
+        "--dump-dom",
+        probe.as_uri(),
+        profile=tmp_path / "profile",
+    )
+    m = re.search(r"<title>FIRST:(\d+):(\d+):(\d+):(.*?)</title>", dom.stdout, re.S)
+    assert m, dom.stderr[-500:]
+    top, verdict_left, verdict_top, verdict = int(m[1]), int(m[2]), int(m[3]), m[4]
+    assert top < 200 and verdict_top < 300  # the findings and the verdict open the page
+    assert verdict_left > 640  # beside the findings, not below them
+    assert "does not hold" in verdict and "0.76×" in verdict
+    shot = tmp_path / "shot.png"
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "docs" / "screenshot.py"),
+            "--store",
+            str(demo_store.root),
+            "--out",
+            str(shot),
+            "--sample-efficiency",
+            str(committed),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    from PIL import Image
+
+    im = Image.open(shot).convert("L")
+    assert im.size == (1280, 900)
+    lo, hi = im.getextrema()
+    assert hi - lo > 100
+    # the committed picture is the same kind of screen
+    committed_shot = Image.open(REPO / "docs" / "report-first-screen.png")
+    assert committed_shot.size == (1280, 900)

@@ -23,7 +23,7 @@ img{max-width:100%;border:1px solid #eee}table{border-collapse:collapse;font-siz
 td,th{border:1px solid #ddd;padding:.25em .6em;text-align:left}.muted{color:#777}
 .first{display:grid;grid-template-columns:minmax(0,3fr) minmax(0,1.2fr);gap:1.2em;align-items:start}
 .first h3{font-size:1em;margin:.9em 0 .3em}.first table{width:100%}.verdict{border:1px solid #ccc;padding:.2em .9em;
-background:#fafafa}.up{color:#17803d}.down{color:#b42318}
+background:#fafafa;overflow-wrap:anywhere}.up{color:#17803d}.down{color:#b42318}
 """
 
 
@@ -162,7 +162,14 @@ def first_screen(data: dict[str, Any]) -> str:
     se = data.get("sample_efficiency")
     if se and isinstance(se.get("verdict"), dict):
         v = se["verdict"]
-        aside = f"<p><b>{e(_verdict(v))}</b></p><p class=muted>{e(se['file'])}</p>"
+        state = "holds" if v.get("holds") else ("does not hold" if v.get("complete") else "incomplete")
+        cls = "up" if v.get("holds") else "down"
+        aside = (
+            f"<p>TRACE against GRPO on the target, pre-registered: <b class={cls}>{state}</b></p>"
+            f"<p>gain ratio <b>{_num(v.get('gain_ratio'), '{:.2f}×') or 'n/a'}</b>; 90 % lower bound of "
+            f"TRACE gain − GRPO gain <b>{_num(v.get('difference_lower_90'), '{:+.3f}') or 'n/a'}</b></p>"
+            f"<p class=muted>rule: {e(str(v.get('rule')))}<br>{e(se['file'])}</p>"
+        )
     elif se:
         aside = f"<p>{e(se['file'])}: no pre-registered verdict</p>"
     else:

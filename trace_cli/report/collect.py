@@ -172,20 +172,9 @@ def routing(store: Store, only: set[str] | None = None) -> list[dict[str, Any]]:
     return out
 
 
-def _input(art, role: str) -> tuple[str, str] | None:
-    """(kind, id) of the artifact's input in `role`, None when it has none (a policy, a directory)."""
-    for i in art.manifest.get("inputs") or []:
-        if i.get("role") == role and i.get("id"):
-            return str(i.get("kind")), str(i["id"])
-    return None
-
-
-def _base_of(art) -> tuple[str, str] | None:
-    """The model an adapter or a composition was built on (its first input of kind model)."""
-    for i in art.manifest.get("inputs") or []:
-        if i.get("kind") == "model" and i.get("id"):
-            return "model", str(i["id"])
-    return None
+def _input(art, role: str) -> dict[str, Any] | None:
+    """The artifact's input in `role` (its digest always; kind and id when it is an artifact), or None."""
+    return next((i for i in art.manifest.get("inputs") or [] if i.get("role") == role), None)
 
 
 def findings(store: Store, only: set[str] | None = None) -> dict[str, Any]:
@@ -194,15 +183,18 @@ def findings(store: Store, only: set[str] | None = None) -> dict[str, Any]:
     environment and seeds; each composition against its base on the same environment and seeds, per task
     family. Pairs are made from the artifacts' recorded inputs, so only like is compared with like."""
     names = _names(store)
-    runs = []  # every eval: what model on what env and seeds
+    runs = []  # every eval: what model (by digest) on what env and seeds
     for art, label in _kept(store, "eval", only):
-        env = _input(art, "env")
+        model, env = _input(art, "model"), _input(art, "env")
+        env_name = str((art.config or {}).get("env"))
+        if env and env.get("id"):
+            env_name = _label_of(store, names, (str(env.get("kind")), str(env["id"])))
         runs.append(
             {
                 "name": label,
-                "model": _input(art, "model"),
-                "env": f"{env[0]}/{env[1]}" if env else str((art.config or {}).get("env")),
-                "env_label": _label_of(store, names, env) if env else str((art.config or {}).get("env")),
+                "model": (model or {}).get("digest"),
+                "env": env["digest"] if env else env_name,
+                "env_label": env_name,
                 "seeds": str((art.config or {}).get("seeds")),
                 "pass@1": (art.summary or {}).get("pass@1"),
                 "families": {
@@ -216,15 +208,15 @@ def findings(store: Store, only: set[str] | None = None) -> dict[str, Any]:
         for art, label in _kept(store, kind, only):
             if (art.summary or {}).get("snapshot_of"):
                 continue
-            base = _base_of(art)
+            base = (_input(art, "model") or {}).get("digest")
             for r in runs:
-                if r["model"] != (kind, art.id):
+                if r["model"] != art.digest:
                     continue
                 b = next(
                     (
                         x
                         for x in runs
-                        if x["model"] == base and (x["env"], x["seeds"]) == (r["env"], r["seeds"])
+                        if base and x["model"] == base and (x["env"], x["seeds"]) == (r["env"], r["seeds"])
                     ),
                     None,
                 )
