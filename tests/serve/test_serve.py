@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
@@ -162,6 +163,34 @@ def test_bad_requests_get_openai_errors(server):
         openai.OpenAI(base_url=base, api_key="k3y", max_retries=0).chat.completions.create(
             model="tiny", messages=[]
         )
+
+
+def _raw(base: str, request: bytes) -> bytes:
+    host, port = base.split("//")[1].split("/")[0].split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(request)
+        return s.recv(65536)
+
+
+def test_a_non_utf8_key_is_refused_and_no_log_line_carries_controls(server):
+    """Issue 46: an Authorization header that is not UTF-8 is a wrong key (401), not a 500 with a traceback;
+    a path with terminal controls is logged escaped."""
+    base, _, proc = server
+    head = _raw(
+        base,
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\r\nConnection: close\r\n\r\n",
+    )
+    assert head.startswith(b"HTTP/1.1 401"), head[:200]
+    ok = _raw(
+        base,
+        b"GET /v1/models%1b]0;pwned%07 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k3y\r\nConnection: close\r\n\r\n",
+    )
+    assert ok.startswith(b"HTTP/1.1 404"), ok[:200]
+    deadline = time.monotonic() + 30
+    while "pwned" not in proc.log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    log = proc.log.read_text()
+    assert "\\x1b]0;pwned" in log and "\x1b" not in log and "Traceback" not in log, log[-2000:]
 
 
 def test_served_eval_equals_direct_eval(server, tmp_path):

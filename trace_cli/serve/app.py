@@ -17,6 +17,7 @@ log-probabilities and token ids, and with `--enable-lora` LoRA adapters loaded a
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import time
@@ -30,6 +31,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from trace_cli.errors import shown
 from trace_cli.serve import token_api
 from trace_cli.serve.engine import Engine
 from trace_cli.serve.job import Job
@@ -78,7 +80,10 @@ class _Gate:
 
         try:
             headers = dict(scope.get("headers") or [])
-            if self.api_key and headers.get(b"authorization", b"").decode() != f"Bearer {self.api_key}":
+            # bytes against bytes: a header that is not UTF-8 is a wrong key (401), not a server error
+            if self.api_key and not hmac.compare_digest(
+                headers.get(b"authorization", b""), f"Bearer {self.api_key}".encode()
+            ):
                 resp = _err(
                     401, "invalid or missing API key (send Authorization: Bearer KEY)", code="invalid_api_key"
                 )
@@ -87,9 +92,10 @@ class _Gate:
                 await self.app(scope, receive, send_)
         finally:
             code = state.get("status") or status[0] or 500
-            fields = [f"{scope.get('method')} {scope.get('path')}", f"status={code}"]
+            # the path and model are the client's: escaped, so a log line cannot carry terminal controls
+            fields = [f"{shown(scope.get('method'))} {shown(scope.get('path'))}", f"status={code}"]
             if "model" in state:
-                fields.append(f"model={state['model']}")
+                fields.append(f"model={shown(state['model'])}")
             for k in ("prompt_tokens", "completion_tokens"):
                 if k in state:
                     fields.append(f"{k}={state[k]}")
