@@ -195,3 +195,43 @@ def test_a_modules_error_text_reaches_the_terminal_escaped(module_env_store):
     assert "pwned" in r.stderr, r.stderr
     assert "\x1b" not in r.stderr + r.stdout and "\r" not in r.stderr + r.stdout
     assert "\\x1b]0;pwned" in r.stderr
+
+
+# A module whose every step answers just under the per-call cap (4 MB): the episode's answers add up past its
+# budget (8 MB) at the third step, which the per-call bound alone never refused.
+FLOODS = """
+import dataclasses
+from trace_cli.envs.synthetic import TEMPLATES
+
+
+def make_env(**params):
+    env = TEMPLATES['precondition_verification'](**params)
+    real_step = env.step
+
+    def step(action):
+        r = real_step(action)
+        return dataclasses.replace(r, observation=r.observation + "x" * 3_900_000, done=False)
+
+    env.step = step
+    env.reference_actions = lambda: [{"name": "lookup", "arguments": {"k": i}} for i in range(8)]
+    return env
+"""
+
+
+def test_a_run_whose_answers_exceed_the_episode_budget_is_refused(module_env_store):
+    store = module_env_store("floods", FLOODS)
+    r = run_trace(
+        "eval",
+        "--env",
+        "store://environment/floods",
+        "--model",
+        "policy:reference",
+        "--seeds",
+        "0:2",
+        "--store",
+        store,
+    )
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert "exceed an episode's budget (8 MB" in r.stderr, r.stderr
+    assert "internal error" not in r.stderr
+    assert not list((store / "eval").glob("*/manifest.yaml")) if (store / "eval").is_dir() else True

@@ -10,7 +10,8 @@ outside any call (data waiting before a request is sent), or by the loop's own l
 previous call's.
 
 Answers are bounded: at most MAX_ANSWER_BYTES, read in chunks into one buffer with the newline searched in
-each new chunk only (linear time), and at most MAX_ANSWER_DEPTH levels of nesting.
+each new chunk only (linear time), and at most MAX_ANSWER_DEPTH levels of nesting; all answers of an episode
+by EPISODE_ANSWER_BYTES, all answers of a worker (a run) by RUN_ANSWER_BYTES.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ from pathlib import Path
 from typing import Any
 
 MAX_ANSWER_BYTES = 4 << 20
+# Budgets over many answers (issue 46): what one episode's answers (its reset and every call up to the next
+# reset) and a worker's answers over its whole life (one run) may add up to. Every answer is kept by the
+# rollout (in the episode's messages) and stored, so these bound the memory and the store a module can fill.
+EPISODE_ANSWER_BYTES = 2 * MAX_ANSWER_BYTES  # a real environment's episode: well under 1 MB
+RUN_ANSWER_BYTES = 1 << 30
 MAX_ANSWER_DEPTH = 64
 VIOLATION_EXIT = 86  # the child's exit status after its audit hook reported a violation (see child.py)
 

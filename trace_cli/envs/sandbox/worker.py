@@ -188,6 +188,8 @@ class SandboxWorker:
                 os.close(fd)
         self._chan = protocol.Channel(self.proc.stdout.fileno())
         self._calls, self._last_op = 0, "start"
+        self.received = 0  # bytes of every answer so far (the run's budget: protocol.RUN_ANSWER_BYTES)
+        self.last_answer_bytes = 0
         self.dead: str | None = None
         self._finalizer = weakref.finalize(self, protocol.cleanup, self.proc, self.dir, self._stderr)
         leftovers.LIVE.add(self)
@@ -318,6 +320,13 @@ class SandboxWorker:
             line = self._chan.read_line(deadline, self._cpu_check(op, cpu0))
             if line is None:
                 self._die(self._exit_reason(op))
+            self.last_answer_bytes = len(line)
+            self.received += len(line)
+            if self.received > protocol.RUN_ANSWER_BYTES:
+                self._die(
+                    f"the module's answers exceed the run's budget ({protocol.RUN_ANSWER_BYTES >> 20} MB of "
+                    f"answers in all) in {op}()"
+                )
             reply = protocol.decode(line)
         except TimeoutError:
             self._die(f"timed out: no answer to {op}() within {limit:g} s (an endless loop?)")
@@ -367,11 +376,21 @@ class SandboxedEnv:
         self.handle = info["handle"]
         self.name = info["name"]
         self.max_turns = info["max_turns"]
+        self.episode_bytes = 0  # answers since the last reset (the budget: protocol.EPISODE_ANSWER_BYTES)
 
     def _call(self, op: str, **kw: Any) -> Any:
-        return self.worker.call(op, handle=self.handle, **kw)
+        w = self.worker
+        result = w.call(op, handle=self.handle, **kw)
+        self.episode_bytes += w.last_answer_bytes
+        if self.episode_bytes > protocol.EPISODE_ANSWER_BYTES:
+            w._die(
+                f"the module's answers exceed an episode's budget ({protocol.EPISODE_ANSWER_BYTES >> 20} MB of "
+                f"answers from one reset to the next) in {op}()"
+            )
+        return result
 
     def reset(self, seed: int) -> Observation:
+        self.episode_bytes = 0
         return Observation(**_only(Observation, self._call("reset", seed=seed)))
 
     def step(self, action: dict[str, Any]) -> StepResult:
