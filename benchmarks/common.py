@@ -1,9 +1,11 @@
-"""What the benchmarks share: the checkout on sys.path, the command and machine a result came from, writing the
-JSON result, a plain text table, and timing stage runs through `trace_cli.stages.base.execute`.
+"""What the benchmarks share: the check that the `trace_cli` measured is the checkout's, the command and machine
+a result came from, writing the JSON result, a plain text table, and timing stage runs through
+`trace_cli.stages.base.execute`.
 
 A benchmark runs as a script (`python benchmarks/NAME.py`), so Python puts benchmarks/ first on sys.path and the
-script imports this module as `common`. Importing it puts the repository root on sys.path too, so the
-`trace_cli` measured is the checkout's even where another copy is installed.
+script imports this module as `common`. `trace_cli` is imported as the installed package (`make install`
+installs the checkout in editable mode); importing this module refuses to go on when that package is another
+copy than this checkout's, so a result always measures the code beside it.
 """
 
 from __future__ import annotations
@@ -21,8 +23,23 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+
+
+def _checkout_package() -> None:
+    """Exit (2) unless `import trace_cli` finds this checkout's package."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("trace_cli")
+    where = Path(spec.origin).resolve().parent if spec and spec.origin else None
+    if where != REPO / "trace_cli":
+        sys.stderr.write(
+            f"error: the benchmarks measure this checkout's trace_cli ({REPO / 'trace_cli'}), but `import "
+            f"trace_cli` finds {where or 'nothing'}: run `make install` and use {REPO / '.venv/bin/python'}\n"
+        )
+        raise SystemExit(2)
+
+
+_checkout_package()
 
 
 def command() -> str:

@@ -25,12 +25,11 @@ precondition turns of the target, and fewer than 50 multi-step conversations.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
+from common import Stages, log, machine, print_table, write_result
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks.common import Stages, log, machine, print_table, write_result  # noqa: E402
 
 PREREQUISITES = ("train_precondition", "train_multistep", "diagnose", "base_eval_heldout")
 

@@ -46,8 +46,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -52,3 +52,25 @@ def test_a_stage_found_up_to_date_reports_the_wall_time_it_took_when_it_ran(tmp_
     rerun = Stages(tmp_path / "store")  # the stage ran again (its artifact deleted): the newest time wins
     rerun.settle("sft", "store://model/a", 700.0, skipped=False)
     assert Stages(tmp_path / "store").earlier_times() == {"store://model/a": 700.0}
+
+
+def test_a_benchmark_refuses_a_trace_cli_other_than_the_checkouts(tmp_path, monkeypatch, capsys):
+    """Benchmarks import trace_cli as the installed package (no sys.path insertion of the checkout); when
+    `import trace_cli` would find another copy, or none, `common` exits 2 saying so, before anything runs."""
+    import importlib.machinery
+    import importlib.util
+
+    import common
+    import pytest
+
+    other = tmp_path / "trace_cli" / "__init__.py"
+    found = {"trace_cli": importlib.machinery.ModuleSpec("trace_cli", None, origin=str(other))}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: found.get(name))
+    with pytest.raises(SystemExit) as e:
+        common._checkout_package()
+    assert e.value.code == 2 and f"finds {other.parent}" in capsys.readouterr().err
+    found.clear()
+    with pytest.raises(SystemExit):
+        common._checkout_package()
+    monkeypatch.undo()
+    common._checkout_package()  # the test run's own trace_cli is the checkout's
