@@ -54,7 +54,8 @@ test-all: install
 # busy 2-core machine more threads only contend (see benchmarks/results/timings.json).
 demo: install
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(BIN)/trace run recipes/demo.yaml
-	$(BIN)/trace store ls
+	$(BIN)/trace report --recipe recipes/demo.yaml --sample-efficiency benchmarks/results/sample_efficiency_mixed.json \
+	    --out store/report.html --force
 
 lint: install
 	$(BIN)/ruff check trace_cli tests benchmarks
