@@ -104,7 +104,7 @@ def test_the_reference_solves_200_seeds(capability):
     for seed in range(200):
         env.reset(seed)
         ep = replay(env, seed, env.reference_actions())
-        if not ep.verdict.success or ep.verdict.components["db"] != 1.0:
+        if not ep.verdict.success or ep.verdict.components["db_hash"] != 1.0:
             failed.append((seed, ep.verdict.components))
     assert not failed, failed[:3]
 
@@ -195,9 +195,9 @@ def test_a_wrong_write_fails_the_db_hash():
     wrong["arguments"]["reason"] = reasons[1 - reasons.index(wrong["arguments"]["reason"])]
     plan = [wrong if a is cancels[0] else a for a in ref]
     ep = replay(env, seed, plan)
-    assert ep.verdict.components["db"] == 0.0 and not ep.verdict.success
+    assert ep.verdict.components["db_hash"] == 0.0 and not ep.verdict.success
     ep = replay(env, seed, ref)
-    assert ep.verdict.components["db"] == 1.0 and ep.verdict.success
+    assert ep.verdict.components["db_hash"] == 1.0 and ep.verdict.success
 
 
 @needs_tau2
@@ -294,3 +294,24 @@ def test_loading_a_tau2_artifact_without_the_package_fails_clearly(tmp_path, wor
             load_environment(art)
     finally:
         worlds.get_world.cache_clear()
+
+
+@needs_tau2
+@pytest.mark.parametrize("world_name", ["shop", "tau2-retail"])
+def test_an_authored_module_gets_the_worlds_interface(world_name):
+    """The module the LLM author is shown (the contract's example) runs on either world unchanged: make_env gets
+    the world, the episode offers the world's tools, and its reference solves it."""
+    from trace_cli.envs.authoring import CONTRACT, author_messages, module_params
+
+    src = CONTRACT.split("`self.record`:\n\n", 1)[1]
+    ns: dict = {}
+    exec(compile(src, "authored.py", "exec"), ns)  # trusted text: the contract's own example
+    params = module_params({"n_orders": 3}, {"world": world_name})
+    env = ns["make_env"](**params)
+    want = [t["function"]["name"] for t in get_world(world_name).schemas.values()]
+    for seed in range(20):
+        obs = env.reset(seed)
+        assert sorted(t["function"]["name"] for t in obs.tools) == sorted(want)
+        assert replay(env, seed, env.reference_actions()).verdict.success
+    prompt = author_messages("x", "y", [], [], world=world_name)[1]["content"]
+    assert f"world={world_name!r}" in prompt

@@ -29,7 +29,9 @@ working directory, no subprocesses) that defines `make_env(**params)` returning 
 Rules: same seed => same task (use random.Random(seed), never global randomness); the first user message
 never contains an answer value; an agent that only says "Goodbye." must never succeed; reuse the target's
 tool names and argument schemas exactly; rewards are programmatic (final state / exact arguments).
-The easiest way: subclass trace_cli.envs.synthetic.base.SyntheticEnv (shop tools on a small synthetic state):
+The easiest way: subclass trace_cli.envs.synthetic.base.SyntheticEnv: the target's world (its tools, policy and
+database, on a small generated state; `world=` in params names it) runs the episode; `self.customer(rng, n)` draws a
+world and a customer who identifies themselves; grade with `self.matches_target`, `self.changed`, `self.record`:
 
 import random
 from trace_cli.envs.synthetic.base import Knob, Scenario, SyntheticEnv, call, say
@@ -42,8 +44,7 @@ class Env(SyntheticEnv):
     DEFAULT_LEVEL = 1
     WEIGHTS = {"db": 0.6, "communicate": 0.4}
     def build(self, rng: random.Random) -> Scenario:
-        b, user, orders = world(rng, self.knobs["n_orders"])
-        ident, auth = identify(rng, user)
+        b, user, orders, ident, auth = self.customer(rng, self.knobs["n_orders"])
         order = rng.choice(orders); order["status"] = "pending"; oid = order["order_id"]
         ref = [auth, call("get_order_details", order_id=oid),
                call("cancel_pending_order", order_id=oid, reason="no longer needed"), say(f"Order {oid} is cancelled.")]
@@ -56,6 +57,13 @@ class Env(SyntheticEnv):
 def make_env(**params):
     return Env(**params)
 """
+
+
+def module_params(params: dict[str, Any], target: dict[str, Any]) -> dict[str, Any]:
+    """An authored module's `make_env` params: the config's, and the target's world where it is not the shop
+    (modules written before worlds take no `world`)."""
+    world = target.get("world", "shop")
+    return dict(params) if world == "shop" else {**params, "world": world}
 
 
 def _trim(text: str, n: int) -> str:
@@ -88,6 +96,7 @@ def author_messages(
     tools: list[dict[str, Any]],
     examples: list[str],
     feedback: str | None = None,
+    world: str = "shop",
 ) -> list[dict[str, str]]:
     ex = (
         "\n\n".join(f"Failed trajectory {i + 1}:\n{e}" for i, e in enumerate(examples[:3]))
@@ -97,6 +106,8 @@ def author_messages(
         f"Capability to train: {capability}\n{description}\n\n"
         f"Target tool schemas (reuse names and argument schemas exactly):\n{json.dumps(tools, separators=(',', ':'))}\n\n"
         f"Failures of the current agent that this capability explains:\n{ex}\n\n{CONTRACT}\n"
+        f"The target's world is {world!r}: make_env(**params) receives world={world!r}; pass it on to "
+        "SyntheticEnv, whose episodes then offer every tool of the target and answer with the world's own tools.\n"
         "Isolate this one capability; give the environment difficulty knobs. "
         'Answer with JSON: {"module": "<the complete python source>"}.'
     )
@@ -210,8 +221,9 @@ def author_module(
     log: list[dict[str, Any]] = []
     feedback = None
     for attempt in range(1, cfg["llm"]["attempts"] + 1):
+        world = target.get("world", "shop")
         msgs = author_messages(
-            cap, capability_doc["description"], list(target["tools"].values()), shown, feedback
+            cap, capability_doc["description"], list(target["tools"].values()), shown, feedback, world
         )
         src, why = write_module(cfg["author"], llm, store, msgs, seed=cfg["seed"], attempt=attempt)
         if src is None:
@@ -220,7 +232,7 @@ def author_module(
             continue
         verdict = check_module(
             src,
-            cfg["params"],
+            module_params(cfg["params"], target),
             limits,
             **prescreen_seeds(chk),
             unsafe_local_exec=cfg["unsafe_local_exec"],
@@ -234,7 +246,9 @@ def author_module(
         if verdict.accepted:
             with SandboxWorker(src, limits, unsafe_local_exec=cfg["unsafe_local_exec"]) as w:
                 tc = check_tools(
-                    SandboxedEnv(w, cfg["params"]), target["tools"], fallback_ok=target["kind"] == "env"
+                    SandboxedEnv(w, module_params(cfg["params"], target)),
+                    target["tools"],
+                    fallback_ok=target["kind"] == "env",
                 )
             if not tc["passed"]:
                 entry.update(accepted=False, reason=f"check tools failed: {tc['message']}")

@@ -31,6 +31,10 @@ def load_environment(art: Any, **params: Any) -> Environment:
     if doc.get("source") == "module":
         from trace_cli.envs.sandbox import module_env_factory
 
+        world = _world(art, doc)
+        if world != "shop":  # the module's make_env takes the world it was written for
+            merged = {**merged, "world": world}
+
         key = (str(art.path), json.dumps(merged, sort_keys=True, default=str))
         if key not in MODULE_FACTORIES:  # shared by the instances
             MODULE_FACTORIES[key] = module_env_factory(module_source(art, doc.get("module")), merged)

@@ -9,7 +9,7 @@ its policy text; plus the scripted-user protocol (identification + request in th
 message that asks nothing ends the episode). A template's tool the world lacks goes through the world's alias
 (τ²-retail: `list_user_orders` -> `get_user_details`), also in the reference solution; a tool with no
 counterpart is an error. On a world that `grades_digest` (τ²), success also needs the final state's digest to
-equal the gold state's (the reference replayed), reported as component "db".
+equal the gold state's (the reference replayed), reported as component "db_hash".
 
 Difficulty: each template lists `LEVELS` (knob settings, easiest first). `level` picks one; knobs passed
 explicitly override (pin) that level's values. `harder(params)` / `easier(params)` move the level one step,
@@ -497,8 +497,8 @@ class SyntheticEnv(ScriptedConversation):
         reward = sum(self.WEIGHTS[k] * comps[k] for k in self.WEIGHTS)
         success = all(comps[k] >= 1.0 - 1e-9 for k in self.WEIGHTS)
         if self._target_digest is not None:  # the world's own check: the whole state equals the gold one
-            comps = {**comps, "db": float(self.world.digest(self.db) == self._target_digest)}
-            success = success and comps["db"] == 1.0
+            comps = {**comps, "db_hash": float(self.world.digest(self.db) == self._target_digest)}
+            success = success and comps["db_hash"] == 1.0
         reward = 1.0 if success else min(round(reward, 6), 0.999999)
         return RewardBreakdown(
             reward=reward,
