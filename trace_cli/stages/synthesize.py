@@ -198,7 +198,7 @@ class Candidate:
 
 
 def _candidate(cfg: dict[str, Any], store: Store, prepared: Prepared, limits: Any) -> Candidate:
-    from trace_cli.envs.authoring import author_module
+    from trace_cli.envs.authoring import author_module, module_params
     from trace_cli.envs.sandbox import module_env_factory
     from trace_cli.envs.synthetic import TEMPLATES
 
@@ -235,7 +235,9 @@ def _candidate(cfg: dict[str, Any], store: Store, prepared: Prepared, limits: An
     workers: list[Any] = []
 
     def factory_for(params: dict[str, Any]):
-        f = module_env_factory(module_src, params, limits, unsafe_local_exec=cfg["unsafe_local_exec"])
+        f = module_env_factory(
+            module_src, module_params(params, target), limits, unsafe_local_exec=cfg["unsafe_local_exec"]
+        )
         workers.append(f)
         return f
 
