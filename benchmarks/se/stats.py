@@ -6,8 +6,10 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-TRACE_METHODS = ("trace", "router", "moe", "merge")
-METHODS = ("base", "grpo_target", "trace", "router", "moe", "merge", "single_best")
+from trace_cli.compose import METHODS as COMPOSE_METHODS  # the composition methods are named once, there
+
+TRACE_METHODS = ("trace", *COMPOSE_METHODS)
+METHODS = ("base", "grpo_target", *TRACE_METHODS, "single_best")
 BOOTSTRAP_SAMPLES = 10000
 BOOTSTRAP_SEED = 0
 

@@ -16,6 +16,7 @@ import shutil
 import sys
 from typing import Any
 
+from trace_cli.compose import METHODS
 from trace_cli.errors import UsageError
 from trace_cli.errors import a as article
 from trace_cli.stages.base import Prepared, checked_config
@@ -24,7 +25,7 @@ from trace_cli.store.tables import GATE_METRICS
 
 NAME = "compose"
 OUTPUTS = {"composition": "composition"}
-METHOD_KEYS = ("router", "moe", "merge")
+METHOD_KEYS = METHODS  # the methods are named once, in trace_cli.compose
 NEEDS = "needs"  # moe.data's expert for target transcripts labelled per turn by what each one needs
 
 
