@@ -60,6 +60,19 @@ class StoreError(TraceError):
     exit_code = 1
 
 
+def json_error(e: BaseException) -> str:
+    """Why `json` gave up on a text, in words: its own message for malformed JSON, else that a number was too
+    long to convert (Python refuses integers of more than 4300 digits) or the nesting too deep to read."""
+    import sys
+
+    if isinstance(e, RecursionError):
+        return "nested too deeply to read"
+    msg = getattr(e, "msg", None)
+    if isinstance(msg, str):
+        return msg
+    return f"a number longer than {sys.get_int_max_str_digits()} digits"
+
+
 def a(word: str) -> str:
     """`word` with its indefinite article, for messages: "an environment", "a model"."""
     return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"

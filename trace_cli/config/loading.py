@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from trace_cli.config import safe_yaml
-from trace_cli.errors import InputError, NotFoundError, UsageError
+from trace_cli.errors import InputError, NotFoundError, UsageError, json_error
 
 
 def _yaml_load(text: str) -> Any:
@@ -92,6 +92,8 @@ def load_document(path: str | Path) -> Any:
         return _yaml_load(text)
     except json.JSONDecodeError as e:
         raise InputError(f"{p}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from e
+    except ValueError as e:  # a number too long to convert
+        raise InputError(f"{p}: invalid JSON: {json_error(e)}") from None
     except RecursionError as e:
         raise InputError(f"{p}: nested too deeply to read; flatten the document") from e
     except yaml.YAMLError as e:

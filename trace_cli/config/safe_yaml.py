@@ -5,6 +5,7 @@ hanging whatever walks the result)."""
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any
 
 import yaml
@@ -62,6 +63,19 @@ class SafeLoader(_Base):  # type: ignore[misc,valid-type]
                 seen[key] = key_node.start_mark
         return super().construct_mapping(node, deep=deep)
 
+
+def _construct_int(loader, node):
+    """YAML's int, or YAMLLimitError naming the line when it is too long to convert (Python refuses integers
+    of more than 4300 digits)."""
+    try:
+        return yaml.constructor.SafeConstructor.construct_yaml_int(loader, node)
+    except ValueError:
+        raise YAMLLimitError(
+            f"an integer longer than {sys.get_int_max_str_digits()} digits", node.start_mark
+        ) from None
+
+
+SafeLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 _EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
 SafeLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))

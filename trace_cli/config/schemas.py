@@ -9,7 +9,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from trace_cli.errors import ValidationError
+from trace_cli.errors import ValidationError, json_error
 
 SCHEMA_BASE = "https://trace-cli.dev/schemas/"
 
@@ -184,8 +184,8 @@ def validate_file(path: str | Path) -> str:
             try:
                 rec = json.loads(line)
                 validate(rec, SCHEMA_BY_KIND["episode"])
-            except json.JSONDecodeError as e:
-                errors.append(f"line {i}: invalid JSON: {e.msg}")
+            except ValueError as e:  # JSONDecodeError, or a number too long to convert
+                errors.append(f"line {i}: invalid JSON: {json_error(e)}")
             except RecursionError:
                 errors.append(f"line {i}: JSON nested too deeply to read (deeper than ~900 levels)")
             except ValidationError as ve:

@@ -15,13 +15,14 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
+import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any
 from urllib.parse import parse_qsl
 
 from trace_cli.envs.base import Environment
-from trace_cli.errors import NotFoundError, UsageError
+from trace_cli.errors import NotFoundError, UsageError, shown
 
 ENTRY_POINT_GROUP = "trace_cli.environments"
 
@@ -105,6 +106,10 @@ def _parse_value(text: str) -> Any:
     if low in ("true", "false"):
         return low == "true"
     if re.fullmatch(r"-?(0|[1-9]\d*)", text):  # "007" stays text: leading zeros matter (zip codes)
+        if len(text.lstrip("-")) > sys.get_int_max_str_digits():
+            raise UsageError(
+                f"{shown(text, limit=40)}: a number longer than {sys.get_int_max_str_digits()} digits"
+            )
         return int(text)
     if re.fullmatch(r"-?\d+\.\d+", text):
         return float(text)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from trace_cli.errors import json_error
+
 _TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,),
     "integer": (int,),
@@ -88,6 +90,6 @@ def decode_tool_call(action: dict[str, Any], tools: dict[str, dict[str, Any]]) -
 
         try:
             args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError as exc:
-            return name, args, f"Error: arguments are not valid JSON ({exc.msg})"
+        except (ValueError, RecursionError) as exc:
+            return name, args, f"Error: arguments are not valid JSON ({json_error(exc)})"
     return name, args, None

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from trace_cli.errors import InputError
+from trace_cli.errors import InputError, json_error
 
 # One reader's result: the good records as (episode row with its JSON columns encoded, tool-call rows as
 # tuples), and the bad ones.
@@ -118,5 +118,7 @@ def json_document(data: bytes, path: Path, what: str, hint: str | None = None) -
         raise InputError(
             f"{path}:{e.lineno}:{e.colno}: not valid JSON ({e.msg}); is the file truncated?", hint=hint
         ) from e
+    except ValueError as e:  # a number too long to convert
+        raise InputError(f"{path}: not valid JSON here ({json_error(e)})", hint=hint) from None
     except RecursionError as e:
         raise InputError(f"{path}: {TOO_DEEP}", hint=TOO_DEEP_FIX) from e

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from trace_cli.config.schemas import load_schema, validate
-from trace_cli.errors import InputError, ValidationError
+from trace_cli.errors import InputError, ValidationError, json_error
 from trace_cli.formats.codec import (
     NOT_PARSED,
     TOO_DEEP,
@@ -238,6 +238,8 @@ def _line(line: memoryview, lineno: int, source: str, seen: dict[str, int], data
         return RecordError(
             f"line {lineno}", [f"not valid JSON ({e.msg} at column {e.colno}); truncated line?"], text
         )
+    except ValueError as e:  # a number too long to convert
+        return RecordError(f"line {lineno}", [f"not valid JSON here ({json_error(e)})"], text)
     return read_record(rec, lineno, source, seen, fast=False)
 
 

@@ -92,7 +92,7 @@ def _arguments(args: Any) -> tuple[dict[str, Any], bool]:
     if isinstance(args, str):
         try:
             v = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, a number too long, nested too deep
             return {}, True
         if isinstance(v, dict):
             return v, False

@@ -11,6 +11,8 @@ import json
 import re
 from typing import Any
 
+from trace_cli.errors import json_error
+
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.S)
 THINK_RE = re.compile(r"<think>.*?</think>", re.S)
 END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "</s>")
@@ -41,8 +43,8 @@ def parse_assistant(text: str) -> list[dict[str, Any]]:
             continue
         try:
             obj = json.loads(raw)
-        except json.JSONDecodeError as e:
-            actions.append({"malformed": raw, "error": f"tool call is not valid JSON: {e.msg}"})
+        except (ValueError, RecursionError) as e:
+            actions.append({"malformed": raw, "error": f"tool call is not valid JSON: {json_error(e)}"})
             continue
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
             actions.append({"malformed": raw, "error": "tool call needs a string `name`"})

@@ -16,6 +16,8 @@ import json
 import re
 from typing import Any
 
+from trace_cli.errors import json_error
+
 FORMATS = ("hermes", "llama3-json", "mistral", "pythonic")
 PYTHON_TAG = "<|python_tag|>"
 
@@ -26,7 +28,7 @@ def _call(name: Any, args: Any, raw: str) -> dict[str, Any]:
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, a number too long, nested too deep
             return {"malformed": raw, "error": "`arguments` is not a JSON object"}
     if args is None:
         args = {}
@@ -56,8 +58,8 @@ def parse_llama3_json(body: str) -> list[dict[str, Any]]:
             break
         try:
             obj, end = dec.raw_decode(s, i)
-        except json.JSONDecodeError as e:
-            calls.append({"malformed": s[i:], "error": f"tool call is not valid JSON: {e.msg}"})
+        except (ValueError, RecursionError) as e:
+            calls.append({"malformed": s[i:], "error": f"tool call is not valid JSON: {json_error(e)}"})
             break
         if not isinstance(obj, dict):
             calls.append({"malformed": s[i:end], "error": "a tool call must be a JSON object"})
@@ -88,9 +90,9 @@ def parse_mistral(body: str) -> list[dict[str, Any]]:
             while True:
                 try:
                     args, end = dec.raw_decode(p, pos)
-                except json.JSONDecodeError as e:
+                except (ValueError, RecursionError) as e:
                     calls.append(
-                        {"malformed": p, "error": f"tool call arguments are not valid JSON: {e.msg}"}
+                        {"malformed": p, "error": f"tool call arguments are not valid JSON: {json_error(e)}"}
                     )
                     break
                 calls.append(_call(m.group(1), args, p[m.start() : end]))
@@ -101,8 +103,8 @@ def parse_mistral(body: str) -> list[dict[str, Any]]:
             continue
         try:
             obj, _ = dec.raw_decode(p)
-        except json.JSONDecodeError as e:
-            calls.append({"malformed": p, "error": f"tool calls are not valid JSON: {e.msg}"})
+        except (ValueError, RecursionError) as e:
+            calls.append({"malformed": p, "error": f"tool calls are not valid JSON: {json_error(e)}"})
             continue
         for o in obj if isinstance(obj, list) else [obj]:
             if not isinstance(o, dict):

@@ -71,7 +71,7 @@ def forced_arguments(text: str, name: str) -> str:
         if ch == "{":
             try:
                 obj, _ = dec.raw_decode(rest, i)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):
                 continue
             if isinstance(obj, dict):
                 return json.dumps(obj.get("arguments", obj.get("parameters", obj)), ensure_ascii=False)
@@ -155,6 +155,6 @@ def json_closed(text: str) -> bool:
         return False
     try:
         obj, end = _DEC.raw_decode(rest)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         return False
     return isinstance(obj, dict) and rest[end:].strip() == tail

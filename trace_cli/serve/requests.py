@@ -203,7 +203,7 @@ def _internal_calls(calls: list[dict[str, Any]], i: int) -> list[dict[str, Any]]
         if isinstance(args, str):
             try:
                 args = json.loads(args) if args.strip() else {}
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # not JSON, a number too long, nested too deep
                 pass  # rendered as the text it is
         if not isinstance(fn.get("name"), str):
             raise RequestError(
