@@ -10,7 +10,7 @@ from typing import Any
 from se.measure import Bench
 from se.plan import plan_steps, spent
 from se.settings import MAX_TURNS, TARGET_TRAIN, Settings
-from se.stats import one_expert_ablation
+from se.stats import ABLATIONS, COMPOSE_METHODS, one_expert_ablation
 from trace_cli.config.seeds import parse_seeds
 
 ACCOUNTINGS = {"all": "", "training": "_train"}  # accounting -> column suffix
@@ -243,7 +243,7 @@ class Trace:
         """Router and MoE (and merge, at the largest budget) of these adapters on the test seeds. The base is
         always a slot of router and MoE, so one adapter is composed too (a task or token that does not need it goes
         to the base); merging one adapter is that adapter."""
-        methods = ("router", "moe", "merge") if last else ("router", "moe")
+        methods = COMPOSE_METHODS if last else tuple(m for m in COMPOSE_METHODS if m not in ABLATIONS)
         have = self.composed.setdefault(tuple(adapters[c].id for c in self.order), {})
         for method in methods:
             if method in have:

@@ -92,7 +92,7 @@ def family_table(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     top = max(r["budget"] for r in runs)
     rs = [r for r in runs if r["budget"] == top]
     out: dict[str, dict[str, float]] = {}
-    for m in ("base", "grpo_target", "router", "moe", "merge", "router_train", "moe_train"):
+    for m in ("base", "grpo_target", *COMPOSE_METHODS, "router_train", "moe_train"):
         per = [r.get(f"families_{m}") for r in rs if r.get(f"families_{m}")]
         if not per:
             continue
