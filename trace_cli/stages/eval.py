@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from trace_cli.agents.engines import RolloutSettings, id_part
 from trace_cli.config.sampling import SamplingSettings
 from trace_cli.config.seeds import parse_seeds
-from trace_cli.errors import UsageError
+from trace_cli.errors import UsageError, a
 from trace_cli.stages.base import Prepared, checked_config
 from trace_cli.store import Artifact, Store
 from trace_cli.store.tables import EVAL_RESULTS, TASK_METADATA
@@ -32,12 +33,31 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
     model = resolve_model(cfg["model"], store)
     if model.kind in ("hf", "adapter"):
         check_context(model, cfg["env"], seeds, cfg["max_new_tokens"], store)
+    engine = check_engine(cfg["rollout"], model)
     env_id = env_identity(cfg["env"], store=store)
     id_config = {**cfg, "model": model.digest, "env": env_id["id"], "seeds": seeds}
+    id_config.pop("rollout")
+    if id_part(cfg["rollout"]):  # the engine samples the episodes; the default (hf) leaves ids as they were
+        id_config["rollout"] = id_part(cfg["rollout"])
     inputs = [model.as_input("model")] + env_id.get("inputs", [])
     p = Prepared(NAME, cfg, id_config, inputs, dict(OUTPUTS)).finalize()
-    p.extra.update(model=model, seeds=seeds)
+    p.extra.update(model=model, seeds=seeds, engine=engine)
     return p
+
+
+def check_engine(block: Any, model) -> Any:
+    """The run's rollout settings (agents.engines), checked before any compute: a server must answer (exit 2)."""
+    settings = RolloutSettings.of(block)
+    settings.check()
+    if settings.engine != "hf":
+        if model.kind not in ("hf", "adapter"):
+            raise UsageError(
+                f"rollout.engine {settings.engine}: --model {model.display!r} is {a(model.kind)}; only a model "
+                "or an adapter runs on another engine (compositions and policies run on hf)"
+            )
+        if settings.engine == "server":
+            settings.server().check()
+    return settings
 
 
 def check_context(model, env_ref: Any, seeds: list[int], max_new_tokens: int, store: Store) -> None:
@@ -95,20 +115,29 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
     cfg = prepared.config
     seeds: list[int] = prepared.extra["seeds"]
     sampling = SamplingSettings.of(cfg)
-    policy = load_policy(prepared.extra["model"], **sampling.policy_kwargs(), seed=cfg["seed"])
+    settings = prepared.extra["engine"]
+    engine = None
+    if settings.engine == "hf":
+        policy = load_policy(prepared.extra["model"], **sampling.policy_kwargs(), seed=cfg["seed"])
+    else:
+        policy, engine = engine_policy(settings, prepared.extra["model"], sampling, cfg["seed"])
     jobs = [(s, t) for s in seeds for t in range(cfg["trials"])]
     import time
 
     t0 = time.monotonic()
-    with Bar(len(jobs), f"eval {cfg['model']}") as bar:
-        results = rollout(
-            policy,
-            lambda: make_env(cfg["env"], store=store),
-            jobs,
-            max_turns=sampling.max_turns,
-            batch_size=cfg["batch_size"],
-            on_done=lambda r: bar.advance(),
-        )
+    try:
+        with Bar(len(jobs), f"eval {cfg['model']}") as bar:
+            results = rollout(
+                policy,
+                lambda: make_env(cfg["env"], store=store),
+                jobs,
+                max_turns=sampling.max_turns,
+                batch_size=cfg["batch_size"],
+                on_done=lambda r: bar.advance(),
+            )
+    finally:
+        if engine is not None and hasattr(engine, "close"):
+            engine.close()  # the server keeps running without the adapter this eval loaded
     wall = time.monotonic() - t0
     episodes, calls, metas = _episode_rows(results, prepared)
     rows_for_summary = [
@@ -123,6 +152,7 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
     ]
     summary, per_task = summarize(rows_for_summary, cfg["trials"])
     summary.update(_speed_and_truncation(results, wall, cfg["max_new_tokens"]))
+    summary["engine"] = settings.engine
     with prepared.writer(store, "rollouts", name=name, overrides=overrides, replace=replace) as w:
         write_tables(w.path, episodes, calls)
         n_succ = sum(e["success"] for e in episodes)
@@ -144,6 +174,26 @@ def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=
         w.summary.update(summary)
         w.summary["rollouts"] = rollouts_art.uri
     return {"rollouts": rollouts_art, "eval": w.artifact}
+
+
+def engine_policy(settings, ref, sampling: SamplingSettings, seed: int):
+    """(HFPolicy on the rollout engine, the engine) for a model or adapter reference (agents.engines)."""
+    from trace_cli.agents.engines import open_engine
+    from trace_cli.agents.hf import HFPolicy
+    from trace_cli.models.importer import context_of, read_meta
+
+    engine, model, tok = open_engine(settings, ref)
+    policy = HFPolicy(
+        model,
+        tok,
+        tool_format=read_meta(ref.path).get("tool_format"),
+        max_context=context_of(model.config),
+        name=ref.display,
+        engine=engine,
+        **sampling.policy_kwargs(),
+        seed=seed,
+    )
+    return policy, engine
 
 
 def _episode_rows(results: list[Any], prepared: Prepared):

@@ -96,6 +96,7 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
             raise UsageError("the hf author needs llm.model (a local model dir or store://model/NAME)")
     cal = cfg["calibration"]
     calibration_sampling(cfg)  # its cross-field check, before any compute
+    _check_engine(cfg)
     if cal["band"][0] > cal["band"][1]:
         raise UsageError(f"calibration.band {cal['band']} is empty: low must not exceed high")
     train = _seed_range(cfg["seeds"]["train"], "train")
@@ -128,6 +129,7 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
         )
         shape = _shape(cfg, diag, store, TEMPLATES[cap], target)
     id_config = {**cfg, "diagnosis": diag.id, "model": model.digest, "target": target["identity"]}
+    _engine_id(id_config)
     if target["world"] != "shop":  # the world's data and generator (shop ids stay as they were)
         id_config["world"] = _world_identity(target["world"])
     inputs = [diag.as_input("diagnosis"), model.as_input("model")] + target["inputs"]
@@ -155,13 +157,35 @@ def _shape(cfg: dict[str, Any], diag, store: Store, template, target) -> dict[st
 # ------------------------------------------------------------------------------------------------ run
 
 
+def _check_engine(cfg: dict[str, Any]) -> None:
+    """The `rollout` block: its cross-field rule, and a server that answers (exit 2 before any compute)."""
+    from trace_cli.agents.engines import RolloutSettings
+
+    settings = RolloutSettings.of(cfg["rollout"])
+    settings.check()
+    if settings.engine == "server":
+        settings.server().check()
+
+
+def _engine_id(id_config: dict[str, Any]) -> None:
+    """Only the engine enters the id, and the default (hf) nothing: ids from before the engine seam stay."""
+    from trace_cli.agents.engines import id_part
+
+    part = id_part(id_config.pop("rollout"))
+    if part:
+        id_config["rollout"] = part
+
+
 def load_calibration_policy(model, store: Store, cfg: dict[str, Any]):
     """The policy that calibrates (loaded once per run; each attempt reseeds it). A model with
     `calibration.tokens` samples as GRPO does (agents.token_history.TokenPolicy), so the episodes of the admitted
-    attempt are on-policy rollouts of GRPO's first step and can be reused as such."""
+    attempt are on-policy rollouts of GRPO's first step and can be reused as such. It generates on the run's
+    rollout engine (`rollout`: agents.engines)."""
     from trace_cli.compose.policy import load_policy
 
     sampling = calibration_sampling(cfg)
+    if cfg["rollout"]["engine"] != "hf":
+        return _engine_calibration_policy(model, cfg, sampling)
     if cfg["calibration"]["tokens"] and model.kind == "hf":
         from trace_cli.agents.token_history import TokenPolicy
         from trace_cli.models import device
@@ -176,6 +200,32 @@ def load_calibration_policy(model, store: Store, cfg: dict[str, Any]):
         kw = {"top_k": 0, "seed": cfg["seed"], "prefix_cache": cache}
         return TokenPolicy.sampling_as(hf, tok, sampling, max_context=context_of(hf.config), **kw)
     return load_policy(model, **sampling.policy_kwargs(), seed=cfg["seed"])
+
+
+def _engine_calibration_policy(model, cfg: dict[str, Any], sampling: SamplingSettings):
+    """The calibration policy on a vllm or server engine: GRPO's token sampler (`calibration.tokens`) or the
+    eval policy, on a model whose weights live in the engine."""
+    from trace_cli.agents.engines import RolloutSettings, open_engine
+    from trace_cli.agents.hf import HFPolicy
+    from trace_cli.agents.token_history import TokenPolicy
+    from trace_cli.models.importer import context_of, read_meta
+
+    engine, served, tok = open_engine(RolloutSettings.of(cfg["rollout"]), model)
+    ctx = context_of(served.config)
+    if cfg["calibration"]["tokens"] and model.kind == "hf":
+        kw = {"top_k": 0, "seed": cfg["seed"], "engine": engine}
+        return TokenPolicy.sampling_as(served, tok, sampling, max_context=ctx, **kw)
+    meta = read_meta(model.path)
+    return HFPolicy(
+        served,
+        tok,
+        tool_format=meta.get("tool_format"),
+        max_context=ctx,
+        name=model.display,
+        engine=engine,
+        **sampling.policy_kwargs(),
+        seed=cfg["seed"],
+    )
 
 
 def calibration_sampling(cfg: dict[str, Any]) -> SamplingSettings:

@@ -268,6 +268,7 @@ def _prepare_grpo(cfg: dict[str, Any], store: Store) -> Prepared:
     from trace_cli.training.checks import check_report_to, grpo_preflight
 
     resume = bool(cfg.pop("resume", False))  # not part of the id: a resumed run makes the same adapter
+    rollout = _rollout_engine(cfg)
     seeds = parse_seeds(cfg["seeds"])
     env = make_env(cfg["env"], store=store)
     model = _base_model(
@@ -278,9 +279,30 @@ def _prepare_grpo(cfg: dict[str, Any], store: Store) -> Prepared:
     checked = grpo_preflight(cfg, seeds, env, model, store)
     check_report_to(cfg["report_to"])
     capability = cfg["capability"] or _env_capability(env, seeds[0])
-    p = _prepared(cfg, {k: v for k, v in cfg.items() if k not in NOT_IN_ID}, model, store)
+    id_config = {k: v for k, v in cfg.items() if k not in NOT_IN_ID and k != "rollout"}
+    if rollout:  # the engine samples the episodes; the default (hf) leaves ids as they were
+        id_config["rollout"] = rollout
+    p = _prepared(cfg, id_config, model, store)
     p.extra.update(model=model, seeds=seeds, resume=resume, capability=capability, **checked)
     return p
+
+
+def _rollout_engine(cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """Check the `rollout` block (a server must answer: exit 2 before any compute) and fold the old `use_vllm`
+    switch into it; returns what of it enters the artifact id (agents.engines.id_part)."""
+    from trace_cli.agents.engines import RolloutSettings, id_part
+
+    roll = dict(cfg["rollout"])
+    if cfg["use_vllm"]:
+        if roll["engine"] == "server":
+            raise UsageError("use_vllm and rollout.engine server contradict each other: drop use_vllm")
+        roll["engine"] = "vllm"
+    cfg["rollout"], cfg["use_vllm"] = roll, roll["engine"] == "vllm"
+    settings = RolloutSettings.of(roll)
+    settings.check()
+    if settings.engine == "server":
+        settings.server().check()
+    return id_part(roll)
 
 
 def _env_capability(env: Any, seed: int) -> str | None:
@@ -447,4 +469,5 @@ def _grpo_summary(prepared: Prepared, ref, rows: list[dict[str, Any]], result, w
         "reused_calibration_steps": result.replayed_steps,
         "reused_calibration_episodes": result.replayed_episodes,
         "validation": result.validation,  # early stopping: evaluations, best step, episodes to charge
+        "rollout": result.rollout,  # the engine, and with a server the adapter version loaded per step
     }

@@ -49,8 +49,12 @@ class EpisodeLog:
                 if part_step(p) > step:
                     shutil.rmtree(p, ignore_errors=True)
 
-    def write(self, step: int, results: list[Any], hints: int, source: str) -> int:
-        """Keep this call's first whole groups within the step's quota; returns how many episodes were kept."""
+    def write(
+        self, step: int, results: list[Any], hints: int, source: str, version: str | None = None
+    ) -> int:
+        """Keep this call's first whole groups within the step's quota; returns how many episodes were kept.
+        `version`: the adapter version the rollout engine sampled them with (a server's LoRA name), kept in
+        each episode's info as `adapter_version`."""
         from trace_cli.store.rollouts import result_row, write_tables
 
         room = max(0, self.per_step - self.used.get(step, 0))
@@ -72,6 +76,8 @@ class EpisodeLog:
                 "advantage": float(r.reward) - mean,
                 "hinted": place < hints,
             }
+            if version is not None:
+                info["adapter_version"] = version
             messages = _unhinted(r.messages) if place < hints else r.messages
             eid = f"s{step}-r{self.rank}-c{self.calls}-{r.task_id}-t{place}"
             ep, rows = result_row(r, eid, source, info, messages=messages, trial=place)

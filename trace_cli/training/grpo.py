@@ -127,7 +127,10 @@ def train_grpo(spec: GRPOSpec) -> GRPOResult:
     dataset = Dataset.from_dict({"prompt": [seed_prompt(s) for s in spec.seeds], "seed": list(spec.seeds)})
     holder: dict[str, Any] = {}
     stats: dict[str, Any] = {}
-    callbacks = _callbacks(spec, tok, max_context)
+    from trace_cli.training.rollout_engine import RunEngine
+
+    run_engine = RunEngine(spec)  # hf, vllm (TRL's colocated engine) or a server kept on-policy
+    callbacks = _callbacks(spec, tok, max_context, run_engine, holder)
     cls = trainer_class()
     with _tensorboard_dir(spec.logging_dir if spec.report_to == "tensorboard" else None):
         trainer = cls(
@@ -137,7 +140,7 @@ def train_grpo(spec: GRPOSpec) -> GRPOResult:
             train_dataset=dataset,
             processing_class=tok,
             peft_config=lora_config(spec.lora),
-            rollout_func=make_rollout_func(spec, tok, max_context, stats),
+            rollout_func=make_rollout_func(spec, tok, max_context, stats, run_engine),
             callbacks=callbacks,
         )
     trainer.drop_constant_groups = spec.drop_constant_groups
@@ -151,7 +154,11 @@ def train_grpo(spec: GRPOSpec) -> GRPOResult:
     trainable = sum(p.numel() for p in unwrapped.parameters() if p.requires_grad)
     total = sum(p.numel() for p in unwrapped.parameters())
     cpu0 = time.process_time()
-    out = trainer.train(resume_from_checkpoint=spec.resume_from)
+    try:
+        out = trainer.train(resume_from_checkpoint=spec.resume_from)
+    finally:
+        if trainer.accelerator.is_main_process:
+            run_engine.close()  # the server drops this run's adapter versions
     cpu_s = time.process_time() - cpu0
     final = Path(spec.output_dir) / "final"
     trainer.save_model(str(final))  # every rank calls it (sharded setups gather); rank 0 writes
@@ -180,6 +187,7 @@ def train_grpo(spec: GRPOSpec) -> GRPOResult:
         stats.get("replayed", 0),
         validation,
         last,
+        run_engine.summary(),
     )
 
 
@@ -241,12 +249,17 @@ def _grpo_config(spec: GRPOSpec, *, cuda: bool, bf16: bool):
         use_vllm=spec.use_vllm,
         vllm_mode="colocate",
         vllm_gpu_memory_utilization=spec.vllm["gpu_memory_utilization"],
+        vllm_max_model_length=spec.vllm["max_model_len"],
+        vllm_enable_sleep_mode=spec.vllm["enable_sleep_mode"],
+        vllm_tensor_parallel_size=spec.vllm["tensor_parallel_size"],
+        vllm_importance_sampling_correction=spec.vllm["importance_sampling_correction"],
+        vllm_importance_sampling_mode=spec.vllm["importance_sampling_mode"],
         generation_kwargs={"max_tokens": spec.max_new_tokens} if spec.use_vllm else None,
         log_level="warning",
     )
 
 
-def _callbacks(spec: GRPOSpec, tok, max_context: int | None) -> list:
+def _callbacks(spec: GRPOSpec, tok, max_context: int | None, run_engine=None, holder=None) -> list:
     """The run's own trainer callbacks: one log line per step (spec.log), early stopping on validation seeds
     (before the snapshots: a snapshot is the best adapter so far) and adapter snapshots."""
     from transformers import TrainerCallback
@@ -264,7 +277,7 @@ def _callbacks(spec: GRPOSpec, tok, max_context: int | None) -> list:
     if spec.validation:
         from trace_cli.training.validation import validation_callback
 
-        callbacks.append(validation_callback(spec, tok, max_context))
+        callbacks.append(validation_callback(spec, tok, max_context, run_engine, holder))
     if spec.snapshot_steps:
         callbacks.append(_snapshot_callback(spec.snapshot_steps, spec.output_dir, best=bool(spec.validation)))
     return callbacks

@@ -33,23 +33,9 @@ def parse_seed(prompt: Any) -> int:
     raise ValueError(f"not a trace seed prompt: {prompt!r} (expected {SEED_PREFIX}<int>)")
 
 
-def _vllm_generate(trainer):
-    """Generation through TRL's colocated vLLM engine (GPU; weights are synced by TRL before rollout_func)."""
-
-    def gen(ctxs: list[list[int]], max_new: int):
-        _, comps, lps, _ = trainer.vllm_generation.generate(prompts=ctxs, images=None, num_generations=1)
-        lps = (
-            [[float("nan") if x[0] is None else x[0] for x in seq] for seq in lps]
-            if lps is not None
-            else None
-        )
-        return comps, lps
-
-    return gen
-
-
-def make_rollout_func(spec: GRPOSpec, tokenizer, max_context: int, state: dict[str, Any]):
-    """TRL `rollout_func(prompts, trainer)`: one episode of our shared rollout loop per prompt entry."""
+def make_rollout_func(spec: GRPOSpec, tokenizer, max_context: int, state: dict[str, Any], run_engine=None):
+    """TRL `rollout_func(prompts, trainer)`: one episode of our shared rollout loop per prompt entry, generated
+    on the run's engine (`run_engine`, training.rollout_engine.RunEngine; None: the model in this process)."""
     from trace_cli.agents.token_history import TokenPolicy
     from trace_cli.models import device
 
@@ -82,6 +68,18 @@ def make_rollout_func(spec: GRPOSpec, tokenizer, max_context: int, state: dict[s
         )
         state["calls"] += 1
         t0 = time.monotonic()
+        step = trainer.state.global_step
+        engine = (
+            run_engine.for_rollouts(
+                trainer,
+                trainer.accelerator.unwrap_model(trainer.model),
+                step,
+                main=trainer.accelerator.is_main_process,
+                barrier=trainer.accelerator.wait_for_everyone,
+            )
+            if run_engine is not None
+            else None
+        )
         with unwrap_model_for_generation(
             trainer.model_wrapped,
             trainer.accelerator,
@@ -94,16 +92,15 @@ def make_rollout_func(spec: GRPOSpec, tokenizer, max_context: int, state: dict[s
                 top_k=spec.top_k,
                 max_context=max_context,
                 seed=run_seed,
-                generate_fn=_vllm_generate(trainer) if spec.use_vllm else None,
-                prefix_cache=None
-                if spec.use_vllm
-                else device.prefix_cache(model),  # fresh: these weights only
+                engine=engine,
+                prefix_cache=None if engine is not None else device.prefix_cache(model),  # these weights only
             )
             hints = hinted(hint_share, spec.num_generations)
             kw = {"max_turns": sampling.max_turns, "batch_size": spec.rollout_batch_size}
             results, seqs = group_episodes(policy, spec.make_env, seeds, hints, **kw)
         if state.get("episode_log") is not None:  # the adapter keeps them (`episode_log`)
-            state["episode_log"].write(trainer.state.global_step + 1, results, hints, "grpo")
+            version = run_engine.version(step) if run_engine is not None else None
+            state["episode_log"].write(step + 1, results, hints, "grpo", version=version)
         state["rollout_s"] = state.get("rollout_s", 0.0) + time.monotonic() - t0
         state["episodes"] = state.get("episodes", 0) + len(results)
         state["gen_tokens"] = state.get("gen_tokens", 0) + sum(r.gen_tokens for r in results)
@@ -135,6 +132,11 @@ def group_episodes(policy, make_env, seeds: list[int], hints: int, **kw) -> tupl
     for r, seq in zip(results, seqs, strict=True):
         if r.trial in chosen and r.turns:
             seq["prompt_ids"] = original_prompt_ids(policy, r)
+            # sampled from the hinted prompt, trained on the plain one: the sampler's log-probabilities are of
+            # another context, so the episode stays out of TRL's importance-sampling correction (a NaN sampling
+            # log-probability gives ratio 1: trl GRPOTrainer._generate_and_score_completions), where it would
+            # be masked or clipped away, though it is often its group's only success
+            seq["logprobs"] = [float("nan")] * len(seq["completion_ids"])
     return results, seqs
 
 

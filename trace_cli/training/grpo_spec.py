@@ -49,6 +49,7 @@ class GRPOSpec:
     gradient_checkpointing: bool | None
     use_vllm: bool
     vllm: Mapping[str, Any]
+    rollout: Mapping[str, Any]  # the rollout engine (agents.engines.RolloutSettings): hf | vllm | server
     seed: int
     report_to: str  # none | tensorboard | trackio: TRL's live metrics integrations
     logging_dir: str | None  # tensorboard event files (the stage resolves null to STORE/logs/train/ID)
@@ -92,3 +93,5 @@ class GRPOResult:
     validation: dict[str, Any] | None = None  # training.validation.ValidationState.summary() when it ran
     # with early stopping: the adapter of the last step (adapter_dir is the best one)
     last_dir: Path | None = None
+    # the engine the rollouts ran on; with a server, the adapter version loaded for each step's rollouts
+    rollout: dict[str, Any] | None = None

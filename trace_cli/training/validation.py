@@ -128,8 +128,11 @@ def copy_best(output_dir: str | Path, target: Path) -> None:
     _replace(tmp, target)
 
 
-def evaluate(model, tok, spec, seeds: list[int], max_context: int | None) -> tuple[float, float]:
-    """(mean reward, success rate) of greedy episodes of `model` on `seeds` of the run's environment."""
+def evaluate(
+    model, tok, spec, seeds: list[int], max_context: int | None, engine: Any = None
+) -> tuple[float, float]:
+    """(mean reward, success rate) of greedy episodes of `model` on `seeds` of the run's environment, generated
+    on `engine` (the run's rollout engine; None: `model` in this process)."""
     import dataclasses
 
     import torch
@@ -143,7 +146,7 @@ def evaluate(model, tok, spec, seeds: list[int], max_context: int | None) -> tup
     try:
         with torch.no_grad():
             policy = TokenPolicy.sampling_as(
-                model, tok, greedy, top_k=0, max_context=max_context, seed=spec.seed
+                model, tok, greedy, top_k=0, max_context=max_context, seed=spec.seed, engine=engine
             )
             results = rollout(
                 policy,
@@ -159,8 +162,10 @@ def evaluate(model, tok, spec, seeds: list[int], max_context: int | None) -> tup
     return sum(r.reward for r in results) / n, sum(bool(r.success) for r in results) / n
 
 
-def validation_callback(spec, tok, max_context: int | None):
-    """The trainer callback that evaluates, keeps the best adapter and stops training (main process decides)."""
+def validation_callback(spec, tok, max_context: int | None, run_engine: Any = None, holder: Any = None):
+    """The trainer callback that evaluates, keeps the best adapter and stops training (main process decides).
+    With a `run_engine` (training.rollout_engine) validation runs on the run's rollout engine (`holder`: where
+    the trainer is, once built)."""
     from transformers import TrainerCallback
 
     from trace_cli.config.seeds import parse_seeds
@@ -176,7 +181,10 @@ def validation_callback(spec, tok, max_context: int | None):
         state = load_state(out)
         if any(h["step"] == step for h in state.history):  # resumed: evaluated before the crash
             return state.stopped_at is not None
-        reward, success = evaluate(model, tok, spec, seeds, max_context)
+        engine = None
+        if run_engine is not None:
+            engine = run_engine.for_validation((holder or {}).get("trainer"), model, step)
+        reward, success = evaluate(model, tok, spec, seeds, max_context, engine)
         if state.record(step, reward, success, len(seeds), min_delta):
             save_adapter(model, best_dir(out))
         stop = state.since_best >= patience
