@@ -70,7 +70,9 @@ def json_error(e: BaseException) -> str:
     msg = getattr(e, "msg", None)
     if isinstance(msg, str):
         return msg
-    return f"a number longer than {sys.get_int_max_str_digits()} digits"
+    if "integer string conversion" in str(e):
+        return f"a number longer than {sys.get_int_max_str_digits()} digits"
+    return str(e)
 
 
 def a(word: str) -> str:

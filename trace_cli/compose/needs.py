@@ -64,15 +64,11 @@ def diagnosed(diag, rollouts, names: list[str]):
     """(episode, slot) of a diagnosis's rollouts, the slot from its labels (majority over labelling runs)."""
     from collections import Counter
 
-    import pyarrow.parquet as pq
-
     from trace_cli.store.layout import LABELS as LABELS_FILE
-    from trace_cli.store.rollouts import read_episodes
+    from trace_cli.store.rollouts import read_episodes, read_table
 
     votes: dict[tuple[str, str], Counter] = {}
-    for r in pq.read_table(
-        diag.path / LABELS_FILE, columns=["episode_id", "capability", "label"]
-    ).to_pylist():
+    for r in read_table(diag.path / LABELS_FILE).select(["episode_id", "capability", "label"]).to_pylist():
         if r["capability"] in names:
             votes.setdefault((r["episode_id"], r["capability"]), Counter())[r["label"]] += 1
     out = []

@@ -129,12 +129,12 @@ def write_calibration_rollouts(directory: Path, rows: list[dict[str, Any]]) -> N
 
 def read_calibration_rollouts(art: Any) -> list[dict[str, Any]]:
     """The kept calibration episodes of an environment artifact, in (seed, trial) order; [] when it has none."""
-    import pyarrow.parquet as pq
+    from trace_cli.store.rollouts import read_table
 
     p = art.path / CALIBRATION_ROLLOUTS
     if not p.is_file():
         return []
-    return sorted(pq.read_table(p).to_pylist(), key=lambda r: (r["seed"], r["trial"]))
+    return sorted(read_table(p).to_pylist(), key=lambda r: (r["seed"], r["trial"]))
 
 
 def module_source(art: Any, module: Any) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from trace_cli.errors import UsageError, json_error, shown
 from trace_cli.store import layout
 from trace_cli.store.tables import EPISODES_SCHEMA, TOOL_CALLS_SCHEMA
 
@@ -179,13 +180,61 @@ def _joined(
     return arr
 
 
+# The uncompressed data one Parquet file of a store may hold when it is read into memory: a store may come
+# from someone else, and a 51 KB file can decompress to gigabytes (the largest real rollouts artifacts hold a
+# few hundred MB).
+MAX_TABLE_BYTES = 1 << 30
+_DAMAGED = (
+    "the file is damaged or was crafted: restore the artifact from a backup, or delete it and rerun the step "
+    "that made it; `trace store verify` checks every file against its manifest"
+)
+
+
+def read_table(path: Path) -> pa.Table:
+    """A Parquet file of a store, read within bounds: never through a symbolic link, at most MAX_TABLE_BYTES
+    of data (as its metadata states before anything is decompressed, and as read, row group by row group);
+    a damaged, truncated or oversized file is a UsageError (exit 2) naming it."""
+    from trace_cli.store.artifacts import refuse_link
+
+    refuse_link(path)
+    limit = (
+        f"more than the {MAX_TABLE_BYTES >> 20} MB a store table may hold in memory (a decompression bomb?)"
+    )
+    try:
+        f = pq.ParquetFile(path)
+        md = f.metadata
+        claimed = sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
+        if claimed > MAX_TABLE_BYTES:
+            raise UsageError(f"{path}: holds {claimed >> 20} MB of data uncompressed, {limit}", hint=_DAMAGED)
+        parts, size = [], 0
+        for i in range(md.num_row_groups):
+            part = f.read_row_group(i)
+            size += part.nbytes
+            if size > MAX_TABLE_BYTES:
+                raise UsageError(f"{path}: decompresses to {limit}", hint=_DAMAGED)
+            parts.append(part)
+        return pa.concat_tables(parts) if parts else f.schema_arrow.empty_table()
+    except (pa.ArrowException, OSError, ValueError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UsageError(
+            f"{path}: not a readable Parquet file ({shown(first, limit=200)})", hint=_DAMAGED
+        ) from None
+
+
 def read_episodes(artifact_dir: Path) -> list[dict[str, Any]]:
-    """Episodes of a rollouts artifact as dicts, with `messages`, `tools`, `reference_actions`, `info` decoded."""
-    rows = pq.read_table(artifact_dir / layout.EPISODES).to_pylist()
-    for r in rows:
+    """Episodes of a rollouts artifact as dicts, with `messages`, `tools`, `reference_actions`, `info` decoded
+    (read within bounds, see `read_table`; a value that is not JSON is a UsageError naming the file)."""
+    path = artifact_dir / layout.EPISODES
+    rows = read_table(path).to_pylist()
+    for n, r in enumerate(rows):
         for k in ("messages", "tools", "reference_actions", "info"):
             if r.get(k) is not None:
-                r[k] = json.loads(r[k])
+                try:
+                    r[k] = json.loads(r[k])
+                except (ValueError, RecursionError, TypeError) as e:
+                    raise UsageError(
+                        f"{path}: row {n}: `{k}` is not readable JSON ({json_error(e)})", hint=_DAMAGED
+                    ) from None
     return rows
 
 
