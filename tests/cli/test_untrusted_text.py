@@ -48,3 +48,16 @@ def test_store_verify_escapes_file_names(tmp_path):
     assert r.returncode == 1, r.stderr
     _clean(r.stdout + r.stderr)
     assert "pwned" in r.stdout
+
+
+def test_store_gc_escapes_the_names_it_removes(tmp_path):
+    store = tmp_path / "store"
+    f = write_jsonl(tmp_path / "e.jsonl", [episode("e1")])
+    assert run_trace("ingest", "jsonl", f, "--store", store).returncode == 0
+    (store / ".tmp").mkdir(exist_ok=True)
+    (store / ".tmp" / "x\x1b]0;pwned\x07").mkdir()
+    for args in (("--dry-run",), ()):
+        r = run_trace("store", "gc", *args, "--store", store)
+        assert r.returncode == 0, r.stderr
+        _clean(r.stdout + r.stderr)
+        assert "\\x1b]0;pwned" in r.stdout, r.stdout

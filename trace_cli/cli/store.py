@@ -156,24 +156,25 @@ def gc(dry_run, include_resumable, store_dir):
     """Remove half-written temp directories left by killed runs, and the sandbox directories
     (TMP/trace-sandbox-*) of killed runs that evaluated untrusted environment modules."""
     from trace_cli.envs.sandbox import leftovers
+    from trace_cli.errors import shown  # paths of leftovers: names anyone could give a file
 
     st = open_store(store_dir)
     if dry_run:
         for t in st.gc(dry_run=True, include_resumable=include_resumable):
-            click.echo(f"would remove {t}")
+            click.echo(f"would remove {shown(t)}")
         for t in leftovers.remove_stale(dry_run=True)[0]:
-            click.echo(f"would remove {t}")
+            click.echo(f"would remove {shown(t)}")
         return
     removed = st.gc(include_resumable=include_resumable)
     for r in removed:
-        click.echo(f"removed {r}")
+        click.echo(f"removed {shown(r)}")
     click.echo(f"gc: removed {len(removed)} half-written director{'y' if len(removed) == 1 else 'ies'}")
     swept, failed = leftovers.remove_stale()
     for r in swept:
-        click.echo(f"removed {r}")
+        click.echo(f"removed {shown(r)}")
     if swept:
         click.echo(
             f"gc: removed {len(swept)} sandbox director{'y' if len(swept) == 1 else 'ies'} of killed runs"
         )
     for f in failed:
-        click.echo(f"warning: could not remove the sandbox directory {f}", err=True)
+        click.echo(f"warning: could not remove the sandbox directory {shown(f)}", err=True)

@@ -16,7 +16,7 @@ import re
 import sys
 from typing import Any
 
-from trace_cli.errors import CheckFailed, UsageError
+from trace_cli.errors import CheckFailed, UsageError, terminal_safe
 
 CONTRACT = """Write ONE self-contained Python module (stdlib + trace_cli only; no network, no files outside the
 working directory, no subprocesses) that defines `make_env(**params)` returning an environment with:
@@ -271,8 +271,10 @@ def author_module(
     rejected = f"every module the {cfg['author']} author wrote for {cap} was rejected ({reasons})"
     if cfg["llm"]["fallback"] == "template" and has_template and not cfg.get("strict"):
         print(
-            f"notice: {rejected}; falling back to the built-in template of {cap} (--strict makes this an "
-            "error)",
+            terminal_safe(  # the reasons quote the modules' own errors: untrusted text
+                f"notice: {rejected}; falling back to the built-in template of {cap} (--strict makes this an "
+                "error)"
+            ),
             file=sys.stderr,
             flush=True,
         )

@@ -235,8 +235,8 @@ def api_error(e: Exception, ep: Endpoint) -> Exception:
     if isinstance(e, AnswerLimit):
         return UsageError(
             f"{where}: {e.message}",
-            hint=f"the endpoint's {e.key} (openai:URL?...&{e.key}=N) bounds every answer; default "
-            f"{_DEFAULTS[e.key]:g}",
+            hint=f"every answer is bounded by {e.key} (default {_DEFAULTS[e.key]:g}); to change it add "
+            f"&{e.key}=N to the openai: reference",
         )
     if isinstance(e, openai.APITimeoutError):
         return UsageError(f"{where}: no answer within {ep.timeout:g} s after {ep.max_retries} retries")

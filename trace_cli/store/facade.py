@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from trace_cli.errors import StoreError
+from trace_cli.errors import StoreError, terminal_safe
 from trace_cli.store import commit
 from trace_cli.store.artifacts import Artifact, Artifacts
 
@@ -38,7 +38,9 @@ class Store(Artifacts):
             index.add_artifact(self, art)
             return True
         except (StoreError, duckdb.Error, OSError) as e:  # the files are the truth; the index can be rebuilt
-            print(f"warning: index not updated ({e}); run `trace store reindex`", file=sys.stderr)
+            print(
+                terminal_safe(f"warning: index not updated ({e}); run `trace store reindex`"), file=sys.stderr
+            )
             return False
 
     def repair_index(self) -> list[str]:
