@@ -117,11 +117,11 @@ def build_model(tokenizer, preset: str, seed: int, arch: dict[str, Any] | None =
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3Config
 
-    spec = {k: v for k, v in PRESETS[preset].items() if k != "vocab_size"}
+    spec = {"max_position_embeddings": MAX_POSITIONS}
+    spec.update({k: v for k, v in PRESETS[preset].items() if k != "vocab_size"})
     spec.update(arch or {})
     cfg = Qwen3Config(
         vocab_size=len(tokenizer),
-        max_position_embeddings=MAX_POSITIONS,
         tie_word_embeddings=True,
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
         pad_token_id=tokenizer.pad_token_id,
@@ -149,6 +149,8 @@ def build(
     return a summary."""
     texts = corpus(episodes)
     tok = build_tokenizer(texts, vocab_size or PRESETS[preset]["vocab_size"])
+    if arch and arch.get("max_position_embeddings"):
+        tok.model_max_length = arch["max_position_embeddings"]
     model = build_model(tok, preset, seed, arch)
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)

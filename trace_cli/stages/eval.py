@@ -211,6 +211,7 @@ def _episode_rows(results: list[Any], prepared: Prepared):
             "breakdown": r.breakdown,
             "gen_tokens": r.gen_tokens,
             "n_errors": r.n_errors,
+            **(meta.get("episode_info") or {}),  # what the environment asks to keep per episode (τ²: task)
         }
         ep, rows = result_row(r, f"{r.task_id}-t{r.trial}", f"eval:{prepared.id}", info)
         episodes.append(ep)
