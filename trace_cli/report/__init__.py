@@ -22,7 +22,7 @@ color:#222;padding:0 1em}h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;padd
 img{max-width:100%;border:1px solid #eee}table{border-collapse:collapse;font-size:.9em}
 td,th{border:1px solid #ddd;padding:.25em .6em;text-align:left}.muted{color:#777}
 .first{display:grid;grid-template-columns:minmax(0,3fr) minmax(0,1.2fr);gap:1.2em;align-items:start}
-.first h3{font-size:1em;margin:.9em 0 .3em}.first table{width:100%}.verdict{border:1px solid #ccc;padding:.2em .9em;
+.first h3,.first-wide h3{font-size:1em;margin:.9em 0 .3em}.first table{width:100%}.verdict{border:1px solid #ccc;padding:.2em .9em;
 background:#fafafa;overflow-wrap:anywhere}.up{color:#17803d}.down{color:#b42318}
 """
 
@@ -182,8 +182,8 @@ def first_screen(data: dict[str, Any]) -> str:
         f"<h3>Found: the capabilities the diagnosis selected</h3>{caps}"
         f"<h3>Environments, calibrated on the policy</h3>{envs}"
         f"<h3>Fixed: each adapter against its base (same environment and seeds)</h3>{adapters}"
-        f"<h3>Compositions against the base, per task family</h3>{compositions}"
         f"</div><aside class=verdict><h3>Benchmark verdict</h3>{aside}</aside></div>"
+        f"<div class=first-wide><h3>Compositions against the base, per task family</h3>{compositions}</div>"
     )
 
 

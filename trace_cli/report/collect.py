@@ -185,7 +185,7 @@ def findings(store: Store, only: set[str] | None = None) -> dict[str, Any]:
     names = _names(store)
     runs = []  # every eval: what model (by digest) on what env and seeds
     for art, label in _kept(store, "eval", only):
-        model, env = _input(art, "model"), _input(art, "env")
+        model, env = _input(art, "model"), _input(art, "environment")
         env_name = str((art.config or {}).get("env"))
         if env and env.get("id"):
             env_name = _label_of(store, names, (str(env.get("kind")), str(env["id"])))
