@@ -6,9 +6,14 @@ real HTTP server on loopback plays the bad endpoint."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -98,6 +103,14 @@ class _Handler(BaseHTTPRequestHandler):
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body.encode())
+                return
+            if case == "big":  # a valid completion of 0.9 MB
+                body = _completion({"role": "assistant", "content": "x" * 900_000})
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
                 return
             body, ctype = MALFORMED[case]
             self.send_response(200)
@@ -211,3 +224,54 @@ def test_limits_are_checked_in_the_reference():
             parse_ref(f"openai:http://127.0.0.1:9/v1?model=m&{bad}")
     ep = parse_ref("openai:http://127.0.0.1:9/v1?model=m&deadline=7&max_answer_mb=3")
     assert (ep.deadline, ep.max_answer_mb) == (7.0, 3.0)
+
+
+class _Episode:  # what the policy reads of an episode in flight (one object per episode)
+    def __init__(self):
+        self.messages = [{"role": "user", "content": "hi"}]
+        self.tools = []
+
+
+def test_an_endpoints_answers_have_an_episode_and_a_run_budget(server):
+    """Answers just under the per-answer cap (max_answer_mb=1): the third of one episode passes its budget
+    (2 answers' worth), and a run of one-answer episodes passes the run's (32 answers' worth)."""
+    policy = _policy(server, "big", "&max_answer_mb=1")
+    ep = _Episode()
+    policy._request(ep)
+    policy._request(ep)
+    with pytest.raises(UsageError, match=r"exceed an episode's budget \(2 MB"):
+        policy._request(ep)
+    policy = _policy(server, "big", "&max_answer_mb=1")
+    with pytest.raises(UsageError, match=r"exceed the run's budget \(32 MB"):
+        for _ in range(40):
+            policy._request(_Episode())
+
+
+def test_ctrl_c_ends_an_eval_waiting_on_a_trickling_endpoint(server, tmp_path):
+    """The policy's requests run on threads, which the interpreter joins at exit: Ctrl-C must end the answers
+    being read (the deadline here is the default 600 s), not wait for them."""
+    exe = Path(sys.executable).parent / "trace"
+    env = dict(os.environ, TRACE_NO_PROGRESS="1")
+    env.pop("TRACE_STORE", None)
+    proc = subprocess.Popen(
+        [str(exe), "eval", "--env", "shop", "--seeds", "0:2", "--store", str(tmp_path / "store")]
+        + ["--model", f"openai:{server}/trickle/v1?model=m&timeout=30"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        time.sleep(8)  # the requests are sent and being trickled
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("Ctrl-C did not end a run waiting on the endpoint")
+        assert proc.returncode == 130, err
+        assert b"interrupted" in err and b"internal error" not in err, err
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

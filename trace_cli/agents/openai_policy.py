@@ -12,6 +12,8 @@ unparsed `<tool_call>` block as a malformed call, exactly as for a local model â
 from __future__ import annotations
 
 import json
+import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -48,6 +50,19 @@ def to_openai(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             ]
         out.append(msg)
     return out
+
+
+# Budgets over many answers, in answers' worth of the endpoint's max_answer_mb (every answer is kept in its
+# episode's messages and stored): an episode's answers, and the run's.
+EPISODE_ANSWERS = 2
+RUN_ANSWERS = 32
+
+
+def _ref(obj: Any) -> Any:
+    try:
+        return weakref.ref(obj)
+    except TypeError:  # an object that takes no weak reference: held
+        return lambda: obj
 
 
 class MalformedAnswer(ValueError):
@@ -130,6 +145,9 @@ class OpenAIPolicy:
         self.seed = seed
         self.client = client or make_client(endpoint)
         self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._run_bytes = 0  # answers' bytes over the policy's life (one run)
+        self._episode_bytes: dict[int, list[Any]] = {}  # id(state) -> [weak reference to it, answers' bytes]
 
     def _request(self, state: EpisodeState) -> tuple[str | list[dict[str, Any]], int]:
         kwargs: dict[str, Any] = {
@@ -143,11 +161,16 @@ class OpenAIPolicy:
             kwargs["tools"] = state.tools
         where = f"{self.endpoint.base_url} (model {self.endpoint.model})"
         try:
-            with answer_limits(self.endpoint):
-                resp = self.client.chat.completions.create(**kwargs)
+            with answer_limits(self.endpoint) as budget:
+                try:
+                    resp = self.client.chat.completions.create(**kwargs)
+                finally:
+                    self._account(state, budget.received, where)
         except (Exception, AnswerLimit) as e:  # noqa: BLE001 - mapped to a clear message
             err = api_error(e, self.endpoint)
-            if not isinstance(err, TraceError):  # the SDK could not read the answer (HTML, cut-off JSON)
+            if not isinstance(
+                err, (TraceError, KeyboardInterrupt)
+            ):  # the SDK could not read the answer (HTML, cut-off JSON)
                 err = UsageError(f"{where}: malformed answer ({type(e).__name__}: {shown(e, limit=200)})")
             raise err from None
         try:
@@ -161,6 +184,31 @@ class OpenAIPolicy:
             return to_actions(_field(choices[0], "message")), used
         except MalformedAnswer as e:
             raise UsageError(f"{where}: malformed answer: {e}") from None
+
+    def _account(self, state: EpisodeState, n: int, where: str) -> None:
+        """Count an answer's bytes against the episode's and the run's budgets (EPISODE_ANSWERS and RUN_ANSWERS
+        answers' worth of the endpoint's max_answer_mb); UsageError past either."""
+        cap = self.endpoint.max_answer_mb
+        with self._lock:
+            self._run_bytes += n
+            entry = self._episode_bytes.get(id(state))
+            if entry is None or entry[0]() is not state:  # a new episode (or a reused id)
+                if len(self._episode_bytes) > 4096:  # drop the finished episodes'
+                    self._episode_bytes = {k: v for k, v in self._episode_bytes.items() if v[0]() is not None}
+                entry = self._episode_bytes[id(state)] = [_ref(state), 0]
+            entry[1] += n
+            ep = entry[1]
+        for used, answers, what in (
+            (ep, EPISODE_ANSWERS, "an episode's"),
+            (self._run_bytes, RUN_ANSWERS, "the run's"),
+        ):
+            if used > answers * cap * (1 << 20):
+                raise UsageError(
+                    f"{where}: the answers exceed {what} budget ({answers * cap:g} MB: {answers} times "
+                    f"max_answer_mb)",
+                    hint="the endpoint floods the run; lower its max_new_tokens, or raise max_answer_mb in the "
+                    "openai: reference if its answers are really this large",
+                )
 
     def act(self, states: list[EpisodeState]) -> list[Turn]:
         if self._pool is None:

@@ -181,11 +181,15 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _close_sandboxes() -> None:
-    """On Ctrl-C: end every sandbox now (its processes and directory), so that nothing waits on a module while
-    the interpreter shuts down. Only where one was started (the module is then loaded)."""
+    """On Ctrl-C: end every sandbox now (its processes and directory) and every answer being read from an LLM
+    endpoint, so that nothing waits on a module or a server while the interpreter shuts down (it joins the
+    threads). Only where one was used (its module is then loaded)."""
     leftovers = sys.modules.get("trace_cli.envs.sandbox.leftovers")
     if leftovers is not None:
         leftovers.close_all()
+    llm = sys.modules.get("trace_cli.llm.openai_client")
+    if llm is not None:
+        llm.abort()
 
 
 def _run(args: list[str]) -> None:
@@ -193,7 +197,8 @@ def _run(args: list[str]) -> None:
         cli.main(args=args, prog_name="trace", standalone_mode=False)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort:  # click's form of Ctrl-C
+        _close_sandboxes()
         click.echo("interrupted", err=True)
         sys.exit(130)
     except click.ClickException as e:

@@ -16,8 +16,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -122,18 +124,36 @@ class _Budget:
 
 
 _LOCAL = threading.local()  # the budget of the answer this thread is waiting for (None: unbounded)
+_OPEN: weakref.WeakSet = weakref.WeakSet()  # the connections made under a budget (see `abort`)
+_ABORTED = threading.Event()
 
 
 @contextlib.contextmanager
-def answer_limits(ep: Endpoint) -> Iterator[None]:
+def answer_limits(ep: Endpoint) -> Iterator[_Budget]:
     """Bound every byte this thread reads from a server until the block ends: by `ep.deadline` seconds in all
-    and `ep.max_answer_mb` megabytes (AnswerLimit past either)."""
+    and `ep.max_answer_mb` megabytes (AnswerLimit past either). Yields the budget (`received`: bytes read)."""
     prev = getattr(_LOCAL, "budget", None)
-    _LOCAL.budget = _Budget(time.monotonic() + ep.deadline, ep.deadline, int(ep.max_answer_mb * (1 << 20)))
+    budget = _Budget(time.monotonic() + ep.deadline, ep.deadline, int(ep.max_answer_mb * (1 << 20)))
+    _LOCAL.budget = budget
     try:
-        yield
+        yield budget
     finally:
         _LOCAL.budget = prev
+
+
+def abort() -> None:
+    """Ctrl-C: end every answer being read now, on any thread (their sockets shut down, so a read blocked on a
+    silent server returns at once), and refuse new ones; threads waiting on a server then end promptly."""
+    _ABORTED.set()
+    for stream in list(_OPEN):
+        sock = stream.get_extra_info("socket")
+        with contextlib.suppress(OSError, AttributeError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+def _check_abort() -> None:
+    if _ABORTED.is_set():
+        raise AnswerLimit("interrupted", key="interrupt")
 
 
 def _limited_stream(inner: Any) -> Any:
@@ -145,16 +165,21 @@ def _limited_stream(inner: Any) -> Any:
             b = getattr(_LOCAL, "budget", None)
             if b is None:
                 return inner.read(max_bytes, timeout)
+            _check_abort()
             try:
                 data = inner.read(max_bytes, b.left(timeout))
-            except httpcore2.ReadTimeout:
+            except (httpcore2.ReadTimeout, httpcore2.ReadError):
+                _check_abort()
                 b.left(None)  # the total deadline, not the per-read timeout: AnswerLimit
                 raise
+            _check_abort()
             b.took(len(data))
             return data
 
         def write(self, buffer: bytes, timeout: float | None = None) -> None:
             b = getattr(_LOCAL, "budget", None)
+            if b is not None:
+                _check_abort()
             inner.write(buffer, timeout if b is None else b.left(timeout))
 
         def close(self) -> None:
@@ -168,7 +193,9 @@ def _limited_stream(inner: Any) -> Any:
         def get_extra_info(self, info: str) -> Any:
             return inner.get_extra_info(info)
 
-    return LimitedStream()
+    stream = LimitedStream()
+    _OPEN.add(stream)
+    return stream
 
 
 def _limited_backend() -> Any:
@@ -177,6 +204,8 @@ def _limited_backend() -> Any:
     class LimitedBackend(httpcore2.SyncBackend):
         def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):  # noqa: ANN001
             b = getattr(_LOCAL, "budget", None)
+            if b is not None:
+                _check_abort()
             t = timeout if b is None else b.left(timeout)
             return _limited_stream(super().connect_tcp(host, port, t, local_address, socket_options))
 
@@ -232,6 +261,8 @@ def api_error(e: Exception, ep: Endpoint) -> Exception:
     import openai
 
     where = f"{ep.base_url} (model {ep.model})"
+    if isinstance(e, AnswerLimit) and e.key == "interrupt":
+        return KeyboardInterrupt()
     if isinstance(e, AnswerLimit):
         return UsageError(
             f"{where}: {e.message}",
@@ -373,6 +404,8 @@ class ChatClient:
                     )
                     content = raw.http_response.content
             except AnswerLimit as e:
+                if e.key == "interrupt":
+                    raise KeyboardInterrupt from None
                 raise Unavailable(f"{e.message} (llm.{_SCHEMA_KEYS[e.key]} bounds every answer)") from None
             except openai.BadRequestError as e:
                 spent += 1  # a 400 is not retried by the SDK
