@@ -372,7 +372,7 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
 
 def dry_run(a) -> int:
     from trace_cli.config.schemas import stage_config_schemas, validate
-    from trace_cli.stages.train import _method_config
+    from trace_cli.stages.train import method_config
 
     cfgs = configs(
         a,
@@ -389,7 +389,7 @@ def dry_run(a) -> int:
     for label, cfg in cfgs.items():
         stage = STAGE_OF[label]
         if stage == "train":
-            _method_config(dict(cfg))  # the train stage's own checks and defaults
+            method_config(dict(cfg))  # the train stage's own checks and defaults
         else:
             validate(cfg, schemas[stage], source=label)
         print(f"{label:<18} {stage:<10} {cfg}")

@@ -468,7 +468,7 @@ def grpo_worker(spec: dict[str, Any]) -> dict[str, Any]:
     import trace_cli
     import trace_cli.envs.rollout as rollout_mod
     from trace_cli.envs.registry import make_env
-    from trace_cli.stages.train import _method_config
+    from trace_cli.stages.train import method_config
     from trace_cli.training.grpo import GRPOSpec, train_grpo
 
     timing = {"rollout_s": 0.0, "rollout_cpu_s": 0.0, "episodes": 0, "gen_tokens": 0, "episode_tokens": []}
@@ -489,7 +489,7 @@ def grpo_worker(spec: dict[str, Any]) -> dict[str, Any]:
         return res
 
     rollout_mod.rollout = timed  # grpo.py imports it when its rollout_func is built
-    cfg = _method_config({"method": "grpo", "env": "shop", "model": spec["model"], **spec["settings"]})
+    cfg = method_config({"method": "grpo", "env": "shop", "model": spec["model"], **spec["settings"]})
     g = GRPOSpec.from_config(
         cfg,
         model_path=spec["model"],

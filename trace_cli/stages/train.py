@@ -119,6 +119,15 @@ def _method_config(
     return cfg
 
 
+def method_config(
+    config: Mapping[str, Any], kind_defaults: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The train stage's config as the stage checks and fills it (schema defaults, the method's branch, the model
+    kind's defaults): public for tools outside the package that configure a trainer as `trace train` would
+    (benchmarks/train_bench.py, benchmarks/real_model_loop.py)."""
+    return _method_config(config, kind_defaults)
+
+
 def prepare(config: Mapping[str, Any], store: Store) -> Prepared:
     from trace_cli.training import checks
 
