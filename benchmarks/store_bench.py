@@ -87,37 +87,23 @@ class Domain:
     ref_actions: dict[str, list[dict[str, Any]] | None] = field(default_factory=dict)
 
 
-def _openai_messages(msgs: list[dict[str, Any]], domain: str) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = [
-        {
-            "role": "system",
-            "content": f"You are a customer service agent for the {domain} domain. Follow the policy.",
-        }
-    ]
-    for m in msgs:
-        role = m["role"]
-        if role == "tool":
-            out.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": m["id"],
-                    "content": m.get("content"),
-                    "error": bool(m.get("error")),
-                }
-            )
-            continue
-        msg: dict[str, Any] = {"role": role, "content": m.get("content")}
-        if m.get("tool_calls"):
-            msg["tool_calls"] = [
-                {
-                    "id": tc["id"],
-                    "type": "function",
-                    "function": {"name": tc["name"], "arguments": json.dumps(tc.get("arguments") or {})},
-                }
-                for tc in m["tool_calls"]
-            ]
-        out.append(msg)
-    return out
+def _openai_messages(sim: dict[str, Any], domain: str) -> list[dict[str, Any]]:
+    """A simulation's messages in OpenAI chat format (what `trace export jsonl` writes), converted by the package
+    (`trace_cli.formats`: its τ²-bench reader, then its JSONL writer), after a one-line system message."""
+    from trace_cli.formats import jsonl
+    from trace_cli.formats.tau2_sims import read_simulation
+
+    problems, read = read_simulation(sim, "store_bench", {}, {}, {})
+    if problems:
+        raise SystemExit(f"a vendored τ²-bench simulation does not read: {problems[:3]}")
+    system = {
+        "role": "system",
+        "content": f"You are a customer service agent for the {domain} domain. Follow the policy.",
+    }
+    rec = jsonl.record(
+        {"episode_id": "-", "task_id": "-", "reward": 0.0, "messages": [system, *read.messages]}
+    )
+    return rec["messages"]
 
 
 def load_domains(tau2_dir: Path) -> list[Domain]:
@@ -141,7 +127,7 @@ def load_domains(tau2_dir: Path) -> list[Domain]:
                 Template(
                     top=top,
                     tau2_messages=json.dumps(msgs, ensure_ascii=False),
-                    jsonl_messages=json.dumps(_openai_messages(msgs, name), ensure_ascii=False),
+                    jsonl_messages=json.dumps(_openai_messages(s, name), ensure_ascii=False),
                     call_ids=call_ids,
                     n_calls=len(call_ids),
                     task_id=str(s["task_id"]),
