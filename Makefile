@@ -68,5 +68,17 @@ docs: install
 bench: install
 	$(BIN)/python benchmarks/store_bench.py
 
+# What a user runs first on a GPU box: the whole loop (import -> SFT -> eval -> diagnose -> calibrate -> GRPO -> compose
+# -> eval -> serve), each stage's wall time and peak GPU memory printed and kept in benchmarks/results/gpu_chain.json
+# (benchmarks/device/gpu_chain.py). The CPU mode, which CI's slow set runs: make gpu-smoke GPU_SMOKE="--device cpu --smoke"
+GPU_SMOKE ?= --device cuda
+gpu-smoke: install
+	$(BIN)/python benchmarks/device/gpu_chain.py $(GPU_SMOKE)
+
+# The `gpu` extra (vLLM) resolves with the pinned torch/transformers/TRL (constraints-gpu.txt); a dry run: nothing is
+# installed, PyPI is read (about a minute)
+gpu-resolve: install
+	$(BIN)/python -m pip install --dry-run --quiet --ignore-installed -c constraints-gpu.txt '.[gpu]'
+
 clean:
 	rm -rf $(VENV) build dist *.egg-info
