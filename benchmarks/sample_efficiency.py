@@ -65,7 +65,7 @@ from se import freeze, output
 from se.measure import Bench
 from se.methods import run_grpo_target, run_trace
 from se.results import Progress, Refused, combine, write
-from se.settings import MAX_TURNS, Settings, parse_settings
+from se.settings import Settings, parse_settings
 from se.stats import summarize
 from se.sweep import apply as apply_sweep
 
@@ -112,7 +112,10 @@ def run(s: Settings, registered: dict[str, Any] | None = None) -> int:
     base = b.run("base/import", "model", {"source": s.base}).outputs["model"].uri
     runs: list[dict[str, Any]] = []
     for target in s.targets:
-        base_ev = b.eval(f"{target}/base/eval", base, target, s.held_out, max_turns=MAX_TURNS[target])
+        tgt = s.target(target)
+        base_ev = b.eval(
+            f"{target}/base/eval", base, tgt.test_env, s.held_out_of(target), max_turns=tgt.max_turns
+        )
         for seed in s.train_seeds:
             rows = {B: {"target": target, "budget": B, "seed": seed} for B in s.budgets}
             for B in s.budgets:

@@ -52,8 +52,8 @@ def task_outcomes(store, eval_id: str) -> dict[str, float]:
 
 
 def families(outcomes: dict[str, float]) -> dict[str, float]:
-    """pass@1 per task family (task ids are <env>-FAMILY-SEED)."""
+    """pass@1 per task family (task ids are <env>-FAMILY-SEED; τ²-bench's are bare task ids: one family)."""
     per: dict[str, list[float]] = {}
     for t, v in outcomes.items():
-        per.setdefault(re.sub(r"-[0-9]+$", "", t), []).append(v)
+        per.setdefault("tau2" if "-" not in t else re.sub(r"-[0-9]+$", "", t), []).append(v)
     return {f: round(statistics.fmean(vs), 4) for f, vs in sorted(per.items())}

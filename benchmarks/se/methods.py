@@ -9,7 +9,7 @@ from typing import Any
 
 from se.measure import Bench
 from se.plan import plan_steps, spent
-from se.settings import MAX_TURNS, TARGET_TRAIN, Settings
+from se.settings import Settings
 from se.stats import ABLATIONS, COMPOSE_METHODS, one_expert_ablation
 from trace_cli.config.seeds import parse_seeds
 
@@ -52,18 +52,19 @@ def train_curve(b: Bench, label: str, cfg: dict[str, Any], steps: list[int]) -> 
 def run_grpo_target(b: Bench, s: Settings, target: str, base: str, seed: int) -> dict[int, dict[str, Any]]:
     """GRPO on the target: one run per training seed, the adapter after budget // episodes_per_step steps (the
     same under both accountings: every rollout is a training rollout)."""
+    tgt = s.target(target)
     steps = {B: max(1, B // s.episodes_per_step) for B in s.budgets}
-    cfg = grpo_cfg(s, "grpo_target", target, base, max(steps.values()), seed, MAX_TURNS[target])
-    cfg["seeds"] = f"{TARGET_TRAIN}:{TARGET_TRAIN + 100000}"
+    cfg = grpo_cfg(s, "grpo_target", tgt.train_env, base, max(steps.values()), seed, tgt.max_turns)
+    cfg["seeds"] = tgt.train_seeds
     arts = train_curve(b, f"{target}/grpo_target/{seed}", cfg, list(steps.values()))
     out = {}
     for B, k in steps.items():
         ev = b.eval(
             f"{target}/grpo_target/eval/{B}/{seed}",
             arts[k].uri,
-            target,
-            s.held_out,
-            max_turns=MAX_TURNS[target],
+            tgt.test_env,
+            s.held_out_of(target),
+            max_turns=tgt.max_turns,
         )
         out[B] = {
             "grpo_target": ev["pass@1"],
@@ -96,21 +97,25 @@ class Trace:
 
     def __init__(self, b: Bench, s: Settings, target: str, base: str, seed: int, base_ev: dict[str, Any]):
         self.b, self.s, self.target, self.base, self.seed, self.base_ev = b, s, target, base, seed, base_ev
-        self.mt = MAX_TURNS[target]
+        self.tgt = s.target(target)
+        self.mt = self.tgt.max_turns
         self.fixed = {"diagnosis": s.diagnosis_rollouts, "calibration": 0, "moe": 0}
         self.composed: dict[tuple, dict[str, dict[str, Any]]] = {}
         self.order: list[str] = []
 
-    def eval(self, label: str, model: str, seeds: str | None = None) -> dict[str, Any]:
+    def eval(
+        self, label: str, model: str, seeds: str | None = None, env: str | None = None
+    ) -> dict[str, Any]:
         path = f"{self.target}/trace/{label}/{self.seed}"
-        return self.b.eval(path, model, self.target, seeds or self.s.held_out, max_turns=self.mt)
+        seeds = seeds or self.s.held_out_of(self.target)
+        return self.b.eval(path, model, env or self.tgt.test_env, seeds, max_turns=self.mt)
 
     def diagnose(self):
         s, target = self.s, self.target
         cfg = {
             "model": self.base,
-            "env": target,
-            "seeds": f"{TARGET_TRAIN}:{TARGET_TRAIN + s.diagnosis_rollouts}",
+            "env": self.tgt.train_env,
+            "seeds": self.tgt.diagnosis_seeds(s.diagnosis_rollouts),
             "max_new_tokens": s.max_new_tokens,
             "max_turns": self.mt,
         }
@@ -135,7 +140,7 @@ class Trace:
         cfg = {
             "diagnosis": d_art.uri,
             "capability": cap,
-            "target": self.target,
+            "target": self.tgt.synthesize,
             "tools": s.env_tools,
             "model": self.base,
             "seed": self.seed,
@@ -260,8 +265,8 @@ class Trace:
         extra = {}
         if method == "moe":
             extra["moe"] = {
-                "target": self.target,
-                "seeds": f"{TARGET_TRAIN + 50000}:{TARGET_TRAIN + 50000 + s.moe_seeds}",
+                "target": self.tgt.train_env,
+                "seeds": self.tgt.moe_seeds(s.moe_seeds),
                 "diagnosis": self.d_art.uri,
                 "test_rollouts": self.base_ev["rollouts"],
                 "steps": s.moe_steps,
@@ -286,14 +291,22 @@ class Trace:
         """The ablation: each adapter alone on the test seeds, the best chosen on the validation seeds, whose
         rollouts are charged to it (`spent_single_best`; over the budget, it is marked)."""
         s = self.s
-        val = {c: self.eval(f"val/{c}/{B}", adapters[c].uri, s.validation) for c in self.order}
+        tgt = self.tgt  # choices on validation seeds (τ²: its training tasks), never on test seeds
+        val = {
+            c: self.eval(f"val/{c}/{B}", adapters[c].uri, tgt.validation or s.validation, tgt.train_env)
+            for c in self.order
+        }
         experts = {c: self.eval(f"eval/{c}/{B}", adapters[c].uri) for c in self.order}
         best = max(self.order, key=lambda c: val[c]["pass@1"])
         charged = sum(v["episodes"] for v in val.values())
         r: dict[str, Any] = {
             "experts": {c: e["pass@1"] for c, e in experts.items()},
             "experts_validation": {c: v["pass@1"] for c, v in val.items()},
-            "single_best": {"capability": best, "pass@1": experts[best]["pass@1"], "chosen_on": s.validation},
+            "single_best": {
+                "capability": best,
+                "pass@1": experts[best]["pass@1"],
+                "chosen_on": tgt.validation or s.validation,
+            },
             "tasks_single_best": experts[best]["tasks"],
             "spent_single_best": {**sp, "validation": charged, "total": sp["total"] + charged},
         }

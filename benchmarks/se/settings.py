@@ -84,6 +84,17 @@ class Settings:
     lr_sweep: dict[str, Any] | None = None
     learning_rate_from: tuple[Path, ...] = ()
     preregistered: Path | None = None  # the pre-registration this run must match (se/freeze.py)
+    tau2_user: str = "user=scripted"  # the user of τ²-bench targets (se/targets.py)
+
+    def target(self, name: str):
+        """What `name` trains and is tested on (se/targets.py)."""
+        from se.targets import target
+
+        return target(name, self.tau2_user)
+
+    def held_out_of(self, name: str) -> str:
+        """The test seeds of a target: its own (τ²'s test split) or --held-out."""
+        return self.target(name).held_out or self.held_out
 
     def lr(self, method: str) -> float:
         return self.learning_rate[method]
@@ -125,7 +136,18 @@ def parser(doc: str) -> argparse.ArgumentParser:
     )
     add("--store", type=Path, default=None, help="store directory (default: a fresh temp dir)")
     add("--base", default=Settings.base, help="base model source")
-    add("--target", default="shop-mixed,shop", help="target environments, comma-separated (shop-mixed, shop)")
+    add(
+        "--target",
+        default="shop-mixed,shop",
+        help="target environments, comma-separated (shop-mixed, shop; tau2-retail, tau2-airline: τ²-bench's own, "
+        "trained on its train split and tested on its test split)",
+    )
+    add(
+        "--tau2-user",
+        default="user=scripted",
+        help="the user of τ²-bench targets, as environment parameters: user=scripted (CPU smoke: not τ²-bench "
+        "scores) or user=llm&user_model=openai:URL?model=NAME (the paper: the base model as the user)",
+    )
     add("--budgets", default=None, help="rollout budgets, comma-separated (640,1280,2560)")
     add("--train-seeds", default=None, help="training seeds per method (0,1,2)")
     add("--held-out", default=None, help="held-out test seeds A:B (500000:500200)")
@@ -223,9 +245,10 @@ def parse_settings(argv: list[str] | None, doc: str) -> Settings:
     for k, (full, quick) in DEFAULTS.items():
         if getattr(a, k) is None:
             setattr(a, k, quick if a.quick else full)
+    known = (*MAX_TURNS, "tau2-retail", "tau2-airline")  # se.targets.KNOWN (it imports this module)
     targets = tuple(t for t in a.target.split(",") if t)
-    if not targets or set(targets) - set(MAX_TURNS):
-        ap.error(f"--target: a comma-separated subset of {','.join(MAX_TURNS)}, not {a.target!r}")
+    if not targets or set(targets) - set(known):
+        ap.error(f"--target: a comma-separated subset of {','.join(known)}, not {a.target!r}")
     methods = tuple(m for m in a.methods.split(",") if m)
     if not methods or set(methods) - set(TRAINED):
         ap.error(f"--methods: a comma-separated subset of {','.join(TRAINED)}, not {a.methods!r}")
@@ -279,4 +302,5 @@ def parse_settings(argv: list[str] | None, doc: str) -> Settings:
         purpose="lr_sweep" if a.lr_sweep else "test",
         learning_rate_from=tuple(a.learning_rate_from or ()),
         preregistered=a.preregistered,
+        tau2_user=a.tau2_user,
     )

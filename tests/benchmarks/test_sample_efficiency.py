@@ -842,3 +842,28 @@ def test_combine_applies_the_registered_decision(tmp_path, run_benchmark, gains,
         assert v["gain_ratio"] == 1.5 and not v["ratio_met"] and v["lower_bound_met"]
     assert "pre-registered decision (gain ratio >= 2 and 90 % lower bound" in proc.stdout
     assert f": {state} — gain ratio {v['gain_ratio']:.2f}×" in proc.stdout
+
+
+def test_targets_train_and_test_where_they_should():
+    """shop targets keep their seed ranges (the committed runs' configs are unchanged); τ²-bench targets train on
+    τ²'s train split, test on every task of its test split and choose on training tasks, with --tau2-user."""
+    from se.targets import target
+
+    shop = target("shop-mixed")
+    assert (shop.train_env, shop.test_env, shop.max_turns) == ("shop-mixed", "shop-mixed", 16)
+    assert shop.train_seeds == "300000:400000" and shop.diagnosis_seeds(100) == "300000:300100"
+    assert shop.held_out is None and shop.validation is None and shop.moe_seeds(16) == "350000:350016"
+    s = settings.parse_settings(["--target", "tau2-retail", "--held-out", "5:9"], "doc")
+    t = s.target("tau2-retail")
+    assert t.train_env == "tau2-retail?split=train&user=scripted" and t.test_env.startswith(
+        "tau2-retail?split=test"
+    )
+    assert s.held_out_of("tau2-retail") == "0:40" and s.held_out_of("shop") == "5:9"
+    assert t.train_seeds == t.validation == "0:74" and t.synthesize == "tau2-retail"
+    llm = "user=llm&user_model=openai:http://h:1/v1?model=b"
+    assert (
+        settings.parse_settings(["--target", "tau2-airline", "--tau2-user", llm], "doc")
+        .target("tau2-airline")
+        .test_env
+        == f"tau2-airline?split=test&{llm}"
+    )
