@@ -6,7 +6,7 @@ import pytest
 import tinymodel  # noqa: E402
 from grpo_helpers import TEST_ENV, register_parity, set_env  # noqa: E402
 from serving import free_port  # noqa: E402
-from trace_testing import run_cli, snapshot  # noqa: E402
+from trace_testing import REPO, run_cli, snapshot  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -61,3 +61,27 @@ def test_eval_of_a_policy_on_another_engine_is_refused(tiny, tmp_path):
     )  # fmt: skip
     assert res.exit_code == 2, res.output
     assert "only a model or an adapter runs on another engine" in res.output
+
+
+PROFILES = sorted((REPO / "examples" / "profiles").glob("grpo-*.yaml"))
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.stem)
+def test_model_size_profiles_are_valid_train_configs(path):
+    """examples/profiles/: each a GRPO --config layer the train schema takes, its batch arithmetic whole groups
+    on one process, and vLLM's context room for a first prompt beside the episode budget."""
+    import yaml
+
+    from trace_cli.config.sampling import SamplingSettings
+    from trace_cli.stages.train import method_config
+
+    profile = yaml.safe_load(path.read_text())
+    cfg = method_config({"method": "grpo", "env": "shop", "model": "m", **profile})
+    SamplingSettings.of(cfg)  # max_new_tokens within the episode budget
+    assert cfg["per_device_batch_size"] * cfg["gradient_accumulation_steps"] % cfg["num_generations"] == 0
+    assert cfg["vllm"]["max_model_len"] >= cfg["max_completion_length"] + 2048
+    assert cfg["rollout_batch_size"] <= cfg["per_device_batch_size"] * cfg["gradient_accumulation_steps"]
+
+
+def test_there_are_profiles_for_three_model_sizes():
+    assert [p.stem for p in PROFILES] == ["grpo-qwen3-0.6b", "grpo-qwen3-4b", "grpo-qwen3-8b"]
