@@ -239,6 +239,15 @@ def test_the_config_reference_is_generated_and_complete():
             if f"| `{path}` |" not in section:
                 missing.append(f"{name}: {path}")
     assert missing == [], missing
+    # every key a user can set (the stage configs) says what it does
+    undescribed = [
+        f"{name}: {path}"
+        for name, schema in reference.schema_files()
+        if name.startswith("config/")
+        for path, e in reference.entries(schema).items()
+        if not e["description"]
+    ]
+    assert undescribed == [], undescribed
     # the walk reaches nested keys, list items and alternatives (a key it skipped would be missing above)
     keys = {p for p, _ in reference.keys(json.loads((REPO / "schemas/config/compose.v1.json").read_text()))}
     assert {"router.top_p", "moe.data[].expert", "merge.combination_type"} <= keys
