@@ -114,3 +114,18 @@ def test_verify_reports_links(one, victim):
     for p in (one / ".pending", one / "names" / "rollouts" / "evil", data):
         assert f"{p.relative_to(one)}" in out and "symbolic link" in out, out
     assert snapshot(victim) == before
+
+
+def test_a_linked_table_file_is_not_read_by_store_sql(one, tmp_path):
+    """The views over the tables leave out a table file that is a link (verify reports it)."""
+    other = tmp_path / "other"
+    f = write_jsonl(tmp_path / "f.jsonl", [episode("outside-1")])
+    assert run_trace("ingest", "jsonl", f, "--store", other).returncode == 0
+    outside = next((other / "rollouts").glob("*/episodes.parquet"))
+    art = next(p for p in (one / "rollouts").iterdir() if (p / "manifest.yaml").is_file())
+    (art / "episodes.parquet").unlink()
+    (art / "episodes.parquet").symlink_to(outside)
+    assert run_trace("store", "reindex", "--store", one).returncode == 0
+    r = run_trace("store", "sql", "SELECT episode_id FROM episodes", "--csv", "--store", one)
+    assert r.returncode == 0, r.stderr
+    assert "outside-1" not in r.stdout, r.stdout
