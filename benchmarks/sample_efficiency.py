@@ -30,7 +30,9 @@ TRACE gain - GRPO gain with its 90 % lower bound, the gain ratio with its 95 % i
 largest budget, the ablation, every run with every method's per-task outcomes (`tasks_<method>`), the commit, the
 dirty flag, the command and the settings. The library is `benchmarks/se/`; each file it writes is checked against
 its schema in `benchmarks/schemas/` when written and when read. `--combine` refuses a run from a dirty checkout
-(exit 2) and keeps every file's commit and dirty flag (`sources`).
+(exit 2), keeps every file's commit and dirty flag (`sources`) and names the checkout that combined them
+(`combined_by`). A process started again over its OUT.partial.json logs the restart (`restarts`: when, commit,
+whether it resumed, `--restart-reason`).
 
     python benchmarks/sample_efficiency.py --quick --target shop-mixed   # 1 seed, 2 small budgets, 100 test seeds
     # the full run, one process per target, training seed and method (one per core), combined at the end; a
@@ -108,7 +110,7 @@ def run(s: Settings, registered: dict[str, Any] | None = None) -> int:
         **({"lr_sweep": s.lr_sweep} if s.lr_sweep else {}),
         **({"preregistration": registered} if registered else {}),
     }
-    progress = Progress(s.out.with_suffix(".partial.json"), meta)
+    progress = Progress(s.out.with_suffix(".partial.json"), meta, s.restart_reason)
     base = b.run("base/import", "model", {"source": s.base}).outputs["model"].uri
     runs: list[dict[str, Any]] = []
     for target in s.targets:

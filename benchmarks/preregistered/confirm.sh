@@ -10,7 +10,8 @@
 #   bash benchmarks/preregistered/confirm.sh combine   # benchmarks/results/sample_efficiency_mixed.json
 #
 # JOBS processes at a time (default 2, one per core, OMP_NUM_THREADS=1 each); results in $OUT, logs in $STORES;
-# DRY=1 prints the commands instead; ONLY=trace (or grpo_target) runs one method's processes.
+# DRY=1 prints the commands instead; ONLY=trace (or grpo_target) runs one method's processes; REASON="..." says why
+# the processes are started again (each logs its restart, with this reason, in its result's `restarts`).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 REG=${REG:-benchmarks/preregistered/sample_efficiency_mixed.json}
@@ -30,11 +31,11 @@ one() {  # one process: NAME then its own options
   if [ -f "$OUT/$name.json" ]; then echo "$(date -u +%H:%M:%S) $name: done before ($OUT/$name.json)"; return; fi
   echo "$(date -u +%H:%M:%S) start $name"
   if [ -n "${DRY:-}" ]; then echo "$PY benchmarks/sample_efficiency.py ${common[*]} $*"; return; fi
-  OMP_NUM_THREADS=1 "$PY" benchmarks/sample_efficiency.py "${common[@]}" "$@" --store "$STORES/$name" \
+  OMP_NUM_THREADS=1 "$PY" benchmarks/sample_efficiency.py "${common[@]}" "$@" ${REASON:+--restart-reason "$REASON"} --store "$STORES/$name" \
     --out "$OUT/$name.json" > "$STORES/$name.log" 2>&1 && echo "$(date -u +%H:%M:%S) done $name" \
     || { echo "$(date -u +%H:%M:%S) FAILED $name (see $STORES/$name.log)"; return 1; }
 }
-export -f one; export PY OUT STORES DRY; export COMMON="${common[*]}"
+export -f one; export PY OUT STORES DRY REASON; export COMMON="${common[*]}"
 run_all() {  # lines "NAME OPTIONS..." on stdin, JOBS at a time
   xargs -P "$JOBS" -L 1 bash -c 'common=($COMMON); one "$@"' _
 }

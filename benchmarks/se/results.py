@@ -10,7 +10,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from common import REPO, command, write_result
+from common import REPO, command, git_commit, git_dirty, write_result
 
 SCHEMAS = REPO / "benchmarks" / "schemas"
 RESULT, PARTIAL = "sample_efficiency", "sample_efficiency_partial"
@@ -88,12 +88,15 @@ def combine(paths: list[Path]) -> dict[str, Any]:
             row = merged.setdefault((r.get("target", "shop"), r["budget"], r["seed"]), {"sources": []})
             row.update({k: v for k, v in r.items() if k != "sources"})
             row["sources"].append({k: src[k] for k in ("file", "commit", "dirty")})
+    restarts = [r for d in docs for r in d.get("restarts") or ()]  # every file's, in the order given
     return {
         "runs": list(merged.values()),
         "meta": {
             "commit": docs[0]["commit"],
             "dirty": False,
             "commits": sorted({str(d["commit"]) for d in docs}),
+            # the checkout that combined them (`commit` is the first file's run's): what code did the combining
+            "combined_by": {"commit": git_commit(), "dirty": git_dirty(), "at": now()},
             "sources": sources,
             "command": command(),
             "quick": docs[0].get("quick"),
@@ -103,10 +106,18 @@ def combine(paths: list[Path]) -> dict[str, Any]:
             "settings": docs[0]["settings"],
             "store": [d.get("store") for d in docs],
             **{k: docs[0][k] for k in ("lr_sweep", "preregistration") if docs[0].get(k)},
+            **({"restarts": restarts} if restarts else {}),
         },
         "wall_s": [d.get("wall_s") for d in docs],
         "timings_s": {str(p): d.get("timings_s") for p, d in zip(paths, docs, strict=True)},
     }
+
+
+def now() -> str:
+    """UTC now, to the second (ISO 8601)."""
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Progress:
@@ -114,25 +125,46 @@ class Progress:
     so a stopped run started again with the same command and --out resumes where it stopped (the GRPO run it
     was in resumes from its last checkpoint in the store). A partial file of another commit, another checkout
     state (clean or dirty) or other settings is not resumed from (the run starts over; the store still skips
-    what it holds). A dirty run resumes, but its result stays dirty: --combine refuses it."""
+    what it holds). A dirty run resumes, but its result stays dirty: --combine refuses it.
 
-    def __init__(self, path: Path, meta: dict[str, Any]):
+    Every start that finds a partial file is a restart and is logged (`restarts`, in the partial file and then
+    in the result, kept by --combine): when, at which commit, whether it resumed, how many units were done,
+    and `reason` (--restart-reason; "not given" otherwise). Earlier restarts of the partial file are kept."""
+
+    def __init__(self, path: Path, meta: dict[str, Any], restart_reason: str | None = None):
         self.path, self.meta = path, meta
         self.done: dict[tuple[str, int, str], dict[int, dict[str, Any]]] = {}
+        self.restart_reason = restart_reason
         if path.is_file():
             self._load()
+
+    def _restart(self, earlier: list[dict[str, Any]], resumed: bool, why: str | None = None) -> None:
+        entry = {
+            "at": now(),
+            "commit": self.meta.get("commit"),
+            "reason": self.restart_reason or "not given",
+            "resumed": resumed,
+            "units_done": len(self.done),
+            **({"not_resumed_because": why} if why else {}),
+        }
+        self.meta["restarts"] = [*earlier, entry]
+        self._write()  # the restart is on record before any work
 
     def _load(self) -> None:
         try:
             doc = read(self.path, PARTIAL)
         except Refused as e:
             print(f"not resuming: {e}", file=sys.stderr)
+            self._restart([], False, str(e)[:300])
             return
+        earlier = list(doc.get("restarts") or ())
         keys = ("commit", "dirty", "held_out", "settings", "targets_run")
         if any(doc[k] != self.meta[k] for k in keys):
             print(
                 f"not resuming from {self.path}: another commit, checkout state or settings", file=sys.stderr
             )
+            off = [k for k in keys if doc[k] != self.meta[k]]
+            self._restart(earlier, False, f"the partial file's {', '.join(off)} differ")
             return
         for target, seed, method in doc["done"]:
             rows = [
@@ -140,6 +172,7 @@ class Progress:
             ]
             self.done[(target, seed, method)] = {r["budget"]: r["row"] for r in rows}
         print(f"resuming from {self.path}: {len(self.done)} unit(s) done", file=sys.stderr)
+        self._restart(earlier, True)
 
     def unit(self, target: str, seed: int, method: str, compute, *args) -> dict[int, dict[str, Any]]:
         """The rows (per budget) of one unit: from the partial file when it is done there, else compute(*args)

@@ -85,6 +85,7 @@ class Settings:
     learning_rate_from: tuple[Path, ...] = ()
     preregistered: Path | None = None  # the pre-registration this run must match (se/freeze.py)
     tau2_user: str = "user=scripted"  # the user of τ²-bench targets (se/targets.py)
+    restart_reason: str | None = None  # why this process is a restart (logged in `restarts`; not a setting)
 
     def target(self, name: str):
         """What `name` trains and is tested on (se/targets.py)."""
@@ -226,6 +227,14 @@ def parser(doc: str) -> argparse.ArgumentParser:
     )
     add("--plot", type=Path, default=None, help="PNG path (default: next to --out)")
     add(
+        "--restart-reason",
+        default=None,
+        metavar="TEXT",
+        help="why this process is started again over its OUT.partial.json (a crash, a machine stop, ...): "
+        "appended with the time and commit to the result's `restarts` (every restart is logged; without this "
+        "option its reason reads 'not given')",
+    )
+    add(
         "--combine",
         nargs="+",
         type=Path,
@@ -303,4 +312,5 @@ def parse_settings(argv: list[str] | None, doc: str) -> Settings:
         learning_rate_from=tuple(a.learning_rate_from or ()),
         preregistered=a.preregistered,
         tau2_user=a.tau2_user,
+        restart_reason=a.restart_reason,
     )

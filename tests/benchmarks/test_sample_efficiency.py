@@ -6,6 +6,7 @@ from OUT.partial.json, and (slow) a tiny end-to-end run on the demo base."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -182,6 +183,10 @@ def test_combine_merges_per_seed_and_per_method_files(tmp_path, run_benchmark):
     ]
     seed1 = next(r for r in res["runs"] if r["seed"] == 1)
     assert [x["commit"] for x in seed1["sources"]] == ["def", "fed"]
+    # the checkout that combined them is named (from git when --combine wrote), beside the runs' commits
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=results.REPO, capture_output=True, text=True)
+    assert res["combined_by"]["commit"] == head.stdout.strip() != "abc"
+    assert isinstance(res["combined_by"]["dirty"], bool) and res["combined_by"]["at"].endswith("Z")
 
 
 def test_combine_refuses_a_dirty_run_and_other_experiments(tmp_path, run_benchmark):
@@ -330,6 +335,45 @@ def test_a_stopped_run_resumes_the_units_it_finished(tmp_path):
         assert calls == [0], changed
     again.finished()
     assert not path.exists()
+
+
+def test_every_restart_is_logged_with_its_reason(tmp_path):
+    """A process started over an existing OUT.partial.json appends a restart (time, commit, reason, resumed,
+    units done) to the partial file at once; earlier restarts are kept; one that cannot resume says why; a first
+    start logs nothing; --combine keeps the restarts of every file."""
+    path = tmp_path / "se.partial.json"
+
+    def unit(seed):
+        return {64: {"grpo_target": 0.5}, 128: {"grpo_target": 0.5}}
+
+    first = results.Progress(path, _meta())
+    assert "restarts" not in first.meta
+    first.unit("shop-mixed", 0, "grpo_target", unit, 0)
+    assert "restarts" not in results.read(path, results.PARTIAL)
+    results.Progress(path, _meta(), "machine stopped")  # killed before its next unit
+    logged = results.read(path, results.PARTIAL)["restarts"]
+    assert [(r["reason"], r["resumed"], r["units_done"], r["commit"]) for r in logged] == [
+        ("machine stopped", True, 1, "abc")
+    ]
+    third = results.Progress(path, _meta())
+    third.unit("shop-mixed", 1, "grpo_target", unit, 1)
+    logged = results.read(path, results.PARTIAL)["restarts"]
+    assert [(r["reason"], r["units_done"]) for r in logged] == [("machine stopped", 1), ("not given", 1)]
+    assert third.meta["restarts"] == logged  # what the result will carry
+    other = results.Progress(path, _meta(commit="def"), "new commit")
+    logged = results.read(path, results.PARTIAL)["restarts"]
+    assert logged[-1]["resumed"] is False and logged[-1]["reason"] == "new commit"
+    assert "commit" in logged[-1]["not_resumed_because"] and other.done == {}
+
+
+def test_combine_keeps_every_files_restarts(tmp_path, run_benchmark):
+    r = {"at": "2026-12-06T05:00:00Z", "commit": "abc", "reason": "oom", "resumed": True, "units_done": 0}
+    a = _result(tmp_path / "a.json", 0, 0.42, 0.46, restarts=[r])
+    b = _result(tmp_path / "b.json", 1, 0.44, 0.50)
+    out = tmp_path / "all.json"
+    proc = run_benchmark("sample_efficiency.py", "--combine", str(a), str(b), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert results.read(out)["restarts"] == [r]
 
 
 @pytest.mark.slow
