@@ -393,7 +393,7 @@ class SyntheticEnv(ScriptedConversation):
         self.done = False
         self.termination: str | None = None
         self.agent_messages: list[str] = []
-        self.initial = clone(self._initial)  # a separate copy: `changed()` compares against it
+        self.initial = {**clone(self._initial)}  # a separate copy of the tables: `changed()` compares to it
         self.calls: list[dict[str, Any]] = []  # every tool call: turn, name, arguments, ok
         self._views: dict[str, dict[str, Any]] = {}
 
