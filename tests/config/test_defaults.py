@@ -37,6 +37,7 @@ BELOW_STAGES = [
 # "module:function:name": why that name is not the config key of the same name
 NOT_THE_KEY = {
     "analysts/cache.py:ResponseCache.for_store:enabled": "whether responses are cached, not lora.enabled",
+    "envs/tau2/__init__.py:.get:max_steps": "τ²-bench's message budget (tau2-retail?max_steps=…), not GRPO's steps",
     "compose/moe_train.py:routing_accuracy:batch_size": "an evaluation batch, not compose's training one",
     "envs/rollout.py:rollout:batch_size": "episodes in flight at once (a throughput knob of the loop)",
     "envs/corpus.py:sample_episodes:seeds": "a count of replayed seeds, not a stage's seed range",
