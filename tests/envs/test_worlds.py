@@ -24,6 +24,8 @@ def test_worlds_are_named_by_their_targets():
     assert world_for_target("store://rollouts/x") == "shop"
     assert world_for_target("tau2-retail?split=test") == "tau2-retail"
     assert world_for_target("tau2:retail") == "tau2-retail"
+    with pytest.raises(UsageError, match="no synthesis world for target 'tau2-airline'"):
+        world_for_target("tau2-airline?split=test")
     with pytest.raises(UsageError, match="unknown world"):
         get_world("nowhere")
 

@@ -137,13 +137,18 @@ def get_world(name: str) -> World:
 
 def world_for_target(ref: Any) -> str:
     """The world a target environment's synthesized tasks live in: the world of that name (`tau2-retail`,
-    also `tau2:retail` and with `?params`), else the shop."""
-    if isinstance(ref, str):
-        name = ref.split("?", 1)[0].replace("tau2:", "tau2-", 1)
-        if name in WORLDS:
-            return name
-    elif isinstance(ref, dict) and ref.get("name") in WORLDS:
-        return ref["name"]
+    also `tau2:retail` and with `?params`), else the shop. A τ²-bench domain without a world of its own
+    (`tau2-airline`, `tau2-telecom`) is an error: its tasks on the shop's database would be a silent fallback."""
+    name = ref.split("?", 1)[0].replace("tau2:", "tau2-", 1) if isinstance(ref, str) else None
+    if isinstance(ref, dict):
+        name = ref.get("name")
+    if name in WORLDS:
+        return name
+    if isinstance(name, str) and name.startswith("tau2-"):
+        raise UsageError(
+            f"no synthesis world for target {name!r} yet (worlds: {', '.join(WORLDS)}); adding one is one module "
+            "(ARCHITECTURE.md, 'Adding a target world')"
+        )
     return DEFAULT
 
 
