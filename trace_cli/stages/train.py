@@ -195,7 +195,8 @@ def _prepare_sft(cfg: dict[str, Any], store: Store) -> Prepared:
         demo(set(cfg["deficits"]))  # raises UsageError naming an unknown deficit
     model = _base_model(cfg, store, "SFT starts from a model (store://model/NAME or an HF dir), not")
     check_prefix(load_tokenizer(model, f"--model {cfg['model']!r}"), cfg["env"], seeds, store, "sft")
-    p = _prepared(cfg, cfg, model, store)
+    # checkpointing trades compute for memory; what is trained stays the same (not in the id)
+    p = _prepared(cfg, {k: v for k, v in cfg.items() if k != "gradient_checkpointing"}, model, store)
     p.extra.update(model=model, seeds=seeds)
     return p
 

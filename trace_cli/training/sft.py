@@ -29,6 +29,7 @@ class SFTSettings:
     batch_size: int
     seed: int
     max_minutes: float | None  # stop after this wall time (the schedule still decays over all steps)
+    gradient_checkpointing: bool | None  # None: on when the model is on a GPU
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> SFTSettings:
@@ -201,6 +202,7 @@ def train_sft(
     torch.manual_seed(s.seed)
     rng = random.Random(s.seed)
     model.train()
+    checkpointing = _checkpointing(model, s.gradient_checkpointing)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=s.learning_rate, weight_decay=0.0, betas=(0.9, 0.98))
     steps_per_epoch = math.ceil(len(examples) / batch_size)
@@ -227,6 +229,7 @@ def train_sft(
             if step >= total:
                 break
             if max_minutes is not None and time.monotonic() - t0 > max_minutes * 60:
+                _end_checkpointing(model, checkpointing)
                 return metrics
             ids, att, labels = pad_batch([examples[j] for j in b], pad)
             loss = assistant_loss(model, ids, att, labels)
@@ -247,5 +250,23 @@ def train_sft(
             if log:
                 log(m)
             step += 1
+    _end_checkpointing(model, checkpointing)
     model.eval()
     return metrics
+
+
+def _checkpointing(model, wanted: bool | None) -> bool:
+    """Turn gradient checkpointing on (`wanted`, or None: when the model is on a GPU): each layer's activations
+    are recomputed in the backward pass, so a long demonstration's memory is one layer's, not every layer's.
+    With a (PEFT) adapter the embeddings' output must require grad for the recomputed layers to get one."""
+    on = wanted if wanted is not None else next(model.parameters()).device.type == "cuda"
+    if on:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model, "enable_input_require_grads"):
+            model.enable_input_require_grads()
+    return bool(on)
+
+
+def _end_checkpointing(model, on: bool) -> None:
+    if on:
+        model.gradient_checkpointing_disable()
