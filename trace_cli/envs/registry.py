@@ -34,6 +34,7 @@ _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]*$")
 _BUILTINS: dict[str, str] = {
     "shop": "trace_cli.envs.shop:make_shop_env",
     "shop-mixed": "trace_cli.envs.shop:make_shop_mixed_env",
+    "shop-ladder": "trace_cli.envs.ladder:make_shop_ladder_env",
     "tau2-retail": "trace_cli.envs.tau2:make_retail",
     "tau2-airline": "trace_cli.envs.tau2:make_airline",
     "tau2-telecom": "trace_cli.envs.tau2:make_telecom",

@@ -1,0 +1,87 @@
+"""`shop-ladder` (issue 44): the mechanism test's compounding target, on the shop's world, tools, user and verifier.
+
+A separate package from `envs.shop` on purpose: the frozen shop-mixed registration digests `trace_cli/envs/shop/`
+(benchmarks/se/freeze.py), and nothing here changes a draw of the shop's tasks (tests/envs/test_task_digests.py).
+The tasks are described in `tasks`; registered as `shop-ladder` (params: `mix` target|base, `max_turns`,
+`n_orders`, `tool_set`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trace_cli.envs.ladder.tasks import (
+    FAMILIES,
+    MIXES,
+    PLANTED,
+    PLANTED_ON_MIXED,
+    SKILLS,
+    LadderTask,
+    build_task,
+)
+from trace_cli.envs.shop import ShopEnv, make_shop_env
+from trace_cli.envs.shop.tasks import CAPABILITIES
+from trace_cli.envs.worlds.facts import clone
+from trace_cli.errors import UsageError
+
+__all__ = ["FAMILIES", "PLANTED", "SKILLS", "ShopLadderEnv", "make_shop_ladder_env"]
+
+
+class ShopLadderEnv(ShopEnv):
+    """`shop-ladder`: one conversation of 1-3 requests, one per planted skill, all of which must be right.
+
+    Every tool is offered (`tool_set="all"`) and the user states one request at a time, as in shop-mixed.
+    `mix="base"`: the planted base agent's demonstration distribution (even seeds are shop-mixed's tasks)."""
+
+    name = "shop-ladder"
+
+    def __init__(self, max_turns: int = 16, n_orders: int = 5, tool_set: str = "all", mix: str = "target"):
+        super().__init__(max_turns=max_turns, n_orders=n_orders, tool_set=tool_set)
+        if mix not in MIXES:
+            raise UsageError(f"shop-ladder: parameter 'mix' must be one of {', '.join(MIXES)}, got {mix!r}")
+        self.mix = mix
+
+    def family_for_seed(self, seed: int) -> str:
+        return "ladder"  # drawn with the task (the seed alone decides it)
+
+    def _build(self, seed: int) -> Any:
+        return build_task(seed, self.n_orders, self.mix)
+
+    @property
+    def task_id(self) -> str:
+        task = self._started()
+        prefix = "shop-ladder" if isinstance(task, LadderTask) else "shop-mixed"
+        return f"{prefix}-{task.family}-{self._seed}"
+
+    def task_metadata(self) -> dict[str, Any]:
+        task = self._started()
+        extra: dict[str, Any] = {"required_capabilities": list(task.capabilities)}
+        if isinstance(task, LadderTask):
+            extra.update(k=len(task.skills), skills=list(task.skills))
+        return self._metadata(task.family, **extra)
+
+    def demonstration(self, deficits: set[str] | list[str] | tuple[str, ...] = ()) -> list[dict[str, Any]]:
+        """The reference with the named capabilities withheld: on a ladder task every named one at once (a
+        task needing two withheld skills does both the withheld way); on a shop-mixed task (mix "base") only the
+        planted ones the shop-mixed half withholds (`PLANTED_ON_MIXED`), as `ShopEnv.demonstration` does."""
+        unknown = sorted(set(deficits) - set(CAPABILITIES))
+        if unknown:
+            raise UsageError(f"unknown deficit {unknown[0]!r}; known: {', '.join(CAPABILITIES)}")
+        task = self._started()
+        if isinstance(task, LadderTask):
+            return clone(task.withholding(set(deficits)))
+        return super().demonstration(set(deficits) & set(PLANTED_ON_MIXED))
+
+
+_PARAMS = ("max_turns", "n_orders", "tool_set", "mix")
+
+
+def make_shop_ladder_env(**params: Any) -> ShopLadderEnv:
+    """Factory registered as `shop-ladder`. Params: mix (target|base), max_turns, n_orders, tool_set."""
+    unknown = [k for k in params if k not in _PARAMS]
+    if unknown:
+        raise UsageError(f"shop-ladder: unknown parameter '{unknown[0]}'; known: {', '.join(_PARAMS)}")
+    mix = params.pop("mix", "target")
+    env = make_shop_env(**params)  # the shop's own checks of max_turns, n_orders, tool_set
+    kw = {k: getattr(env, k) for k in ("max_turns", "n_orders", "tool_set") if k in params}
+    return ShopLadderEnv(mix=mix, **kw)
