@@ -5,7 +5,8 @@ device's name) to $OUT/gpu_chain.json (or --out). Budget on one H200: <= 9 minut
 
 Demo chain: model init (preset small) -> SFT of it on shop demonstrations -> import the committed demo base agent
 -> eval on the shop -> diagnose -> synthesize + calibrate two capabilities -> GRPO one adapter each -> eval
-the adapters on their environments -> compose router, moe, merge -> serve one request. Real-model profile:
+the adapters on their environments -> GRPO and eval on the `server` rollout engine (trace serve --enable-lora)
+-> compose router, moe, merge -> serve one request. Real-model profile:
 import SmolLM2-135M-Instruct (the GGUF) -> LoRA SFT -> batched shop eval -> GRPO steps -> eval the adapter.
 
     OMP_NUM_THREADS=1 python benchmarks/device/gpu_chain.py --device cpu --smoke   # ~2 CPU minutes, tests run it
@@ -230,7 +231,7 @@ def demo_chain(run: Run, z: dict[str, Any], smoke: bool) -> dict[str, Any] | Non
     cal = {"seeds": z["cal_seeds"], "rollouts": z["cal_rollouts"], "max_new_tokens": z["max_new_tokens"]}
     if smoke:  # admit the first level: the smoke run times the machinery, not the band search
         cal.update(band=[0.0, 1.0], max_group_all0=1.0, max_group_all1=1.0, look=z["cal_seeds"])
-    adapters = []
+    adapters, envs = [], []
     for i, cap in enumerate(caps[:2]):
         syn = {"diagnosis": diag.uri, "capability": cap, "target": "shop", "tools": "needed", "model": base}
         made = run(f"synthesize_{i}", "synthesize", {**syn, "calibration": cal})
@@ -238,6 +239,7 @@ def demo_chain(run: Run, z: dict[str, Any], smoke: bool) -> dict[str, Any] | Non
             run.skip([f"grpo_{i}", f"env_eval_adapter_{i}"], f"synthesize_{i}")
             continue
         env = made.outputs["environment"].uri
+        envs.append(env)
         g = grpo_config(env, base, z, z["grpo_steps"], z["grpo_batch"])
         trained = run(f"grpo_{i}", "train", g)
         if trained is None:
@@ -246,6 +248,8 @@ def demo_chain(run: Run, z: dict[str, Any], smoke: bool) -> dict[str, Any] | Non
         adapters.append(trained.outputs["adapter"].uri)
         held = {"env": env, "seeds": f"1000000:{1000000 + z['env_eval_seeds']}", "max_turns": 12}
         run(f"env_eval_adapter_{i}", "eval", {**ev, **held, "model": adapters[-1]})
+    if envs:
+        on_server(run, z, base, envs[0], ev)
     if len(adapters) < 2:
         run.skip(["compose_router", "compose_moe", "compose_merge"], "two adapters")
         return None
@@ -257,6 +261,42 @@ def demo_chain(run: Run, z: dict[str, Any], smoke: bool) -> dict[str, Any] | Non
     if run("compose_merge", "compose", {**comp, "method": "merge"}, name="chain-merge") is None:
         return None
     return {"serve": "store://composition/chain-merge"}
+
+
+def on_server(run: Run, z: dict[str, Any], base: str, env: str, ev: dict[str, Any]) -> None:
+    """The `server` rollout engine: `trace serve --enable-lora` of the base in a subprocess (on the same device),
+    GRPO whose rollouts it generates (the adapter loaded into it every step), then the adapter's greedy eval
+    through it (agents/engines.py; `vllm serve --enable-lora` takes the same requests)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = run.stages.store.root
+    cmd = [sys.executable, "-m", "trace_cli", "serve", base, "--port", str(port), "--store", str(store)]
+    proc = subprocess.Popen([*cmd, "--enable-lora"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        t0 = time.monotonic()
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/models", timeout=2).read()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() - t0 > 300:
+                    run.rows["grpo_server"] = {"error": "trace serve --enable-lora did not answer"}
+                    return run.skip(["eval_server"], "grpo_server")
+                time.sleep(0.5)
+        rollout = {"engine": "server", "url": url}
+        g = grpo_config(env, base, z, z["grpo_steps"], z["grpo_batch"])
+        trained = run("grpo_server", "train", {**g, "rollout": rollout})
+        if trained is None:
+            return run.skip(["eval_server"], "grpo_server")
+        held = {"env": env, "seeds": f"1000000:{1000000 + z['env_eval_seeds']}", "max_turns": 12}
+        run(
+            "eval_server", "eval", {**ev, **held, "model": trained.outputs["adapter"].uri, "rollout": rollout}
+        )
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
 
 
 def real_profile(run: Run, z: dict[str, Any], source: str) -> None:

@@ -87,6 +87,8 @@ def test_make_gpu_smoke_runs_every_stage_on_the_cpu(tmp_path):
         assert stages[label]["wall_s"] > 0, label
     for label in ("compose_router", "compose_moe", "compose_merge", "real_import", "real_sft", "real_grpo"):
         assert label in stages
+    assert stages["grpo_server"]["wall_s"] > 0 and stages["eval_server"]["wall_s"] > 0  # the server engine
+    assert doc["failed"] == []
     assert stages["grpo_0"]["seconds_per_episode"] > 0 and stages["real_eval"]["gen_tokens_per_s"] > 0
     assert doc["serve"]["completion_tokens"] > 0 and doc["serve"]["request_s"] > 0
     assert "peak_mem_gib" not in stages["sft"]  # only measured on a GPU
