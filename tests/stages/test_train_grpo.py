@@ -252,6 +252,7 @@ def test_sft_config_is_unchanged_by_grpo_keys():
         "max_minutes",
         "max_length",
         "loss_on",
+        "gradient_checkpointing",  # both methods: null = on on a GPU
     }
     r = run_cli("train", "--method", "sft", "--env", "shop", "--model", "x", "--set", "num_generations=4")
     assert r.exit_code == 2 and "num_generations: only used by method grpo (method is sft)" in r.output
