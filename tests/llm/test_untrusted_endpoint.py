@@ -275,3 +275,37 @@ def test_ctrl_c_ends_an_eval_waiting_on_a_trickling_endpoint(server, tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_diagnose_on_a_trickling_endpoint_ends_at_the_deadline(server, tmp_path):
+    """`trace diagnose --analyst openai` on a server that never completes an answer: it gives up on the
+    server after the answers in flight reach llm.deadline_s, instead of holding the run for ever."""
+    from trace_testing import episode, run_trace, write_jsonl
+
+    store = tmp_path / "store"
+    f = write_jsonl(tmp_path / "e.jsonl", [episode(f"e{i}", reward=float(i % 2)) for i in range(6)])
+    assert run_trace("ingest", "jsonl", f, "--store", store, "--name", "r").returncode == 0
+    r = run_trace(
+        "diagnose",
+        "--rollouts",
+        "store://rollouts/r",
+        "--analyst",
+        "openai",
+        "--base-url",
+        f"{server}/trickle/v1",
+        "--llm-model",
+        "m",
+        "--set",
+        "llm.deadline_s=3",
+        "--set",
+        "llm.timeout_s=30",
+        "--set",
+        "llm.max_retries=0",
+        "--set",
+        "llm.cache=false",
+        "--store",
+        store,
+        timeout=240,
+    )
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "no complete answer within 3 s" in r.stderr and "internal error" not in r.stderr, r.stderr

@@ -316,7 +316,8 @@ DROPPABLE = ("response_format", "seed")  # parameters some servers reject; dropp
 
 class Unavailable(Exception):
     """No answer after the SDK's retries: timeout, connection error, 408/429/5xx. `unreachable`: nothing
-    listened at the address (connection refused, unknown host) on the last try."""
+    listened at the address (connection refused, unknown host) on the last try, or no answer came complete
+    within the total deadline."""
 
     def __init__(self, message: str, *, unreachable: bool = False):
         super().__init__(message)
@@ -406,7 +407,12 @@ class ChatClient:
             except AnswerLimit as e:
                 if e.key == "interrupt":
                     raise KeyboardInterrupt from None
-                raise Unavailable(f"{e.message} (llm.{_SCHEMA_KEYS[e.key]} bounds every answer)") from None
+                # a server that never completes an answer in time is as good as none (`unreachable`: the
+                # caller gives up on it unless it ever answered), so a trickler cannot hold every request
+                raise Unavailable(
+                    f"{e.message} (llm.{_SCHEMA_KEYS[e.key]} bounds every answer)",
+                    unreachable=e.key == "deadline",
+                ) from None
             except openai.BadRequestError as e:
                 spent += 1  # a 400 is not retried by the SDK
                 msg = _message(e)
