@@ -314,3 +314,36 @@ def test_server_logprobs_feed_trls_correction_and_hinted_episodes_stay_out_of_it
 
 
 from trace_cli.agents.engines import ServerEngine  # noqa: E402
+
+
+@pytest.mark.slow
+def test_validation_runs_on_the_server_and_scores_as_on_hf(world):
+    """Early-stopping validation of a GRPO run on the server engine evaluates through the server: the version of
+    the last step is loaded by validation alone (no rollouts follow it), and at step 0 (the untrained LoRA, i.e.
+    the base) it scores exactly what the same run scores on hf. Later steps' adapters differ between the two runs
+    (their rollouts are sampled on different engines), so their scores are not compared."""
+    from grpo_helpers import TEST_ENV, register_parity
+
+    tiny, root, srv = world
+    register_parity()
+
+    def train(name: str, *engine: str):
+        res = run_cli(
+            "train", "--method", "grpo", "--env", TEST_ENV, "--model", str(tiny.hf), "--store", str(root),
+            "--name", name, "--seeds", "100:140", *engine,
+            *("--set", "max_steps=2", "--set", "num_generations=4", "--set", "per_device_batch_size=8"),
+            *("--set", "gradient_accumulation_steps=1", "--set", "max_new_tokens=12", "--set", "max_turns=2"),
+            *("--set", "max_completion_length=96", "--set", "learning_rate=0.05", "--set", "lora.r=4"),
+            *("--set", "checkpoint_every=0", "--set", "require_learning=false"),
+            *("--set", "validation.seeds=0:6", "--set", "validation.every=1", "--set", "validation.patience=5"),
+        )  # fmt: skip
+        assert res.exit_code == 0, res.output
+        return Store(root).resolve(f"store://adapter/{name}")
+
+    on_server = train("val-server", "--set", "rollout.engine=server", "--set", f"rollout.url={srv.base}")
+    on_hf = train("val-hf")
+    sv, hf = on_server.summary["validation"]["history"], on_hf.summary["validation"]["history"]
+    assert [h["step"] for h in sv] == [h["step"] for h in hf] == [0, 1, 2]
+    assert math.isclose(sv[0]["reward"], hf[0]["reward"], abs_tol=1e-9)
+    versions = [x["version"] for x in on_server.summary["rollout"]["adapter_loads"]]
+    assert versions == [f"train-{on_server.id}-step-{n}" for n in range(3)]  # step 2: validation's own load
