@@ -129,3 +129,22 @@ def test_a_linked_table_file_is_not_read_by_store_sql(one, tmp_path):
     r = run_trace("store", "sql", "SELECT episode_id FROM episodes", "--csv", "--store", one)
     assert r.returncode == 0, r.stderr
     assert "outside-1" not in r.stdout, r.stdout
+
+
+def test_a_linked_index_is_refused_and_its_target_untouched(one, tmp_path):
+    """index.duckdb linked to another DuckDB file: no command opens (and writes) the user's other database."""
+    import duckdb
+
+    theirs = tmp_path / "theirs.duckdb"
+    con = duckdb.connect(str(theirs))
+    con.execute("CREATE TABLE artifacts (id VARCHAR, kind VARCHAR)")
+    con.execute("INSERT INTO artifacts VALUES ('mine', 'rollouts')")
+    con.close()
+    before = theirs.read_bytes()
+    (one / "index.duckdb").unlink()
+    (one / "index.duckdb").symlink_to(theirs)
+    f = write_jsonl(tmp_path / "g.jsonl", [episode("g1")])
+    for args in (("store", "ls"), ("ingest", "jsonl", f), ("store", "reindex")):
+        r = run_trace(*args, "--store", one)
+        _refused(r, one / "index.duckdb")
+    assert theirs.read_bytes() == before

@@ -415,19 +415,20 @@ class Artifacts:
 
     # ---------------------------------------------------------------- maintenance
     def links(self, *, deep: bool = False) -> list[Path]:
-        """The symbolic links inside the store where a directory or file of the store's own should be:
-        `.tmp`, `.pending`, `names/` and its entries, the kind directories and the artifact directories (with
-        `deep`, also the files inside artifacts). Nothing is followed."""
+        """The symbolic links inside the store where a directory or file of the store's own should be: the
+        index, `.tmp`, `.pending`, `names/` and its entries, the kind directories and the artifact directories
+        (with `deep`, also the files inside artifacts). Nothing is followed."""
         out: list[Path] = []
         root = self.root
         if not root.is_dir():
             return out
-        for rel in (layout.TMP_DIR, layout.PENDING_DIR, layout.NAMES_DIR, *layout.KINDS):
+        index_files = (layout.INDEX, layout.INDEX + ".wal")  # DuckDB writes them: never another file
+        for rel in (*index_files, layout.TMP_DIR, layout.PENDING_DIR, layout.NAMES_DIR, *layout.KINDS):
             p = root / rel
             if is_link(p):
                 out.append(p)
                 continue
-            if not p.is_dir() or rel in (layout.TMP_DIR, layout.PENDING_DIR):
+            if not p.is_dir() or rel in (layout.TMP_DIR, layout.PENDING_DIR, *index_files):
                 continue
             with contextlib.suppress(OSError):
                 for sub in sorted(p.iterdir()):
