@@ -347,3 +347,80 @@ def test_validation_runs_on_the_server_and_scores_as_on_hf(world):
     assert math.isclose(sv[0]["reward"], hf[0]["reward"], abs_tol=1e-9)
     versions = [x["version"] for x in on_server.summary["rollout"]["adapter_loads"]]
     assert versions == [f"train-{on_server.id}-step-{n}" for n in range(3)]  # step 2: validation's own load
+
+
+@pytest.mark.slow
+def test_two_processes_sample_from_the_version_rank_0_loads(world, tmp_path):
+    """`accelerate launch --num_processes 2` (CPU, gloo) with rollout.engine=server: rank 0 alone saves and loads
+    each step's adapter, both ranks sample with it (their kept episodes name it), nothing deadlocks."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from grpo_helpers import ENV_VARS, TEST_ENV
+    from trace_testing import BIN, REPO
+
+    from trace_cli.store.rollouts import read_episodes
+    from trace_cli.training.episode_log import episode_info
+
+    tiny, _, srv = world
+    site = tmp_path / "site"
+    site.mkdir()
+    helpers = Path(__file__).resolve().parent
+    (site / "sitecustomize.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(helpers)!r})\nfrom grpo_helpers import register_parity\nregister_parity()\n"
+    )
+    env = {**os.environ, **ENV_VARS, "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(site), *filter(None, [env.get("PYTHONPATH")])])
+    env.pop("TRACE_STORE", None)
+    store = tmp_path / "store"
+    launcher = [
+        str(BIN / "accelerate"),
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+    ]
+    launcher += [
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(29000 + os.getpid() % 500),
+    ]
+    args = ["train", "--method", "grpo", "--env", TEST_ENV, "--model", str(tiny.hf), "--store", str(store)]
+    args += ["--seeds", "100:140", "--json", "--name", "dp-server", "--set", "rollout.engine=server"]
+    args += ["--set", f"rollout.url={srv.base}", "--set", "max_steps=2", "--set", "num_generations=4"]
+    args += [
+        "--set",
+        "per_device_batch_size=4",
+        "--set",
+        "gradient_accumulation_steps=1",
+        "--set",
+        "max_turns=2",
+    ]
+    args += ["--set", "max_new_tokens=12", "--set", "max_completion_length=96", "--set", "lora.r=4"]
+    args += ["--set", "checkpoint_every=0", "--set", "require_learning=false", "--set", "learning_rate=0.05"]
+    target = [str(BIN / "trace")] if (BIN / "trace").exists() else [sys.executable, "-m", "trace_cli"]
+    r = subprocess.run(
+        launcher + target + args, env=env, capture_output=True, text=True, timeout=900, cwd=REPO
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    res = json.loads(r.stdout)
+    art = Store(store).resolve(res["uri"])
+    assert art.summary["world_size"] == 2 and art.summary["steps"] == 2
+    prefix = f"train-{art.id}"
+    loads = art.summary["rollout"]["adapter_loads"]
+    assert [x["version"] for x in loads] == [f"{prefix}-step-0", f"{prefix}-step-1"]
+    log = srv.log_text()
+    assert log.count(f"lora adapter loaded: {prefix}-step-0 ") == 1  # by rank 0 only
+    kept = read_episodes(art.path)
+    ranks = {e["episode_id"].split("-")[1] for e in kept}
+    assert ranks == {"r0", "r1"}
+    for e in kept:
+        info = episode_info(e)
+        assert info["adapter_version"] == f"{prefix}-step-{info['step'] - 1}"
