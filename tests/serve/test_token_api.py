@@ -143,6 +143,10 @@ def test_lora_adapters_load_serve_and_unload(served, hf, adapter):
         != base["choices"][0]["logprobs"]["token_logprobs"]
     )
 
+    chat = {"messages": [{"role": "user", "content": "Hello?"}], "max_tokens": 8, "temperature": 0.0}
+    replies = [http("POST", f"{srv.base}/chat/completions", {**chat, "model": m}) for m in ("a1", "tiny")]
+    assert [r[0] for r in replies] == [200, 200]  # chat completions name the adapter as their model too
+    assert replies[0][1]["model"] == "a1"
     assert (
         http("POST", f"{srv.base}/load_lora_adapter", {"lora_name": "a1", "lora_path": str(path)})[0] == 400
     )

@@ -225,7 +225,7 @@ async def chat(served: Served, req: ChatRequest, request: Request):
         if req.stream:
             watch.cancel()  # Starlette's StreamingResponse watches the client from here on
             return StreamingResponse(
-                run.sse(rid, created, engine.name, state, usage=req.include_usage()),
+                run.sse(rid, created, req.model, state, usage=req.include_usage()),
                 media_type="text/event-stream",
                 headers=headers,
             )
@@ -241,7 +241,7 @@ async def chat(served: Served, req: ChatRequest, request: Request):
         state.status = 499
         state.completion_tokens = sum(len(j.ids) for j in jobs)
         return JSONResponse(error_body("client closed the request", "invalid_request_error"), 499)
-    body = completion_body(rid, created, engine.name, choices, prompt, jobs)
+    body = completion_body(rid, created, req.model, choices, prompt, jobs)
     state.completion_tokens = body["usage"]["completion_tokens"]
     return JSONResponse(body, headers=headers)
 
