@@ -4,7 +4,9 @@ diagnosis labelled LACKING for its capability.
 `profile(episodes)` counts, from each conversation's reference actions (what the task needed, not what the agent
 did): the kinds of its writes (`cancel`, `return`, `exchange`, `address`), its refused requests (a reference
 message that says a request cannot be done: the order was read and nothing was written), its requests (writes +
-refusals), whether a lookup came before the first write, and the refunds to a gift card. A template's `shape`
+refusals), whether a lookup came before the first write, and the refunds to a gift card; and, from the user's
+messages where the episodes carry them, how each returned item was described (`return_described`: most
+expensive, cheapest, most recent, by an option, by its name). A template's `shape`
 turns the profile into pinned knobs (calibration keeps pins and moves the rest of the level): which operations,
 how many requests, the refusal share. The target's task generator is never imported: only the conversations the
 diagnosis already paid for are read.
@@ -25,6 +27,14 @@ WRITE_KIND = {
     "modify_pending_order_address": "address",
 }
 REFUSAL = re.compile(r"\b(cannot|can't|can not)\b|\bonly (pending|delivered)\b", re.IGNORECASE)
+# how a user described the item to return (structured_data_reasoning's kinds), first match wins
+DESCRIBED = (
+    ("most_expensive", re.compile(r"most expensive|cost the most", re.IGNORECASE)),
+    ("cheapest", re.compile(r"cheapest|cost the least", re.IGNORECASE)),
+    ("most_recent", re.compile(r"most recent|latest", re.IGNORECASE)),
+    ("by_option", re.compile(r"\bthe one with\b|\breturn the [^.,]+ with \w", re.IGNORECASE)),
+    ("by_name", re.compile(r"\b[Rr]eturn the [A-Z][^.,]*? (from|I got in) (my )?order\b")),
+)
 
 
 def _task(actions: list[dict[str, Any]]) -> dict[str, Any]:
@@ -45,9 +55,30 @@ def _task(actions: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _described(ep: dict[str, Any]) -> list[str]:
+    """How the user's messages describe the items to return (`DESCRIBED`'s kinds), one per sentence that asks
+    for a return; none when the conversation has no messages or returns nothing."""
+    refs = ep.get("reference_actions") or []
+    if not any(a.get("name") == "return_delivered_order_items" for a in refs):
+        return []
+    messages = ep.get("messages") or []
+    if isinstance(messages, str):
+        import json
+
+        messages = json.loads(messages)
+    text = " ".join(str(m.get("content") or "") for m in messages if m.get("role") == "user")
+    out = []
+    for sentence in re.split(r"(?<=[.?!])\s+", text):
+        if "return" in sentence.lower():
+            out += [k for k, pat in DESCRIBED if pat.search(sentence)][:1]
+    return out
+
+
 def profile(episodes: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """The task mix of conversations (their `reference_actions`); `tasks` 0 when none has any."""
-    tasks = [_task(ep.get("reference_actions") or []) for ep in episodes if ep.get("reference_actions")]
+    episodes = [ep for ep in episodes if ep.get("reference_actions")]
+    tasks = [_task(ep["reference_actions"]) for ep in episodes]
+    described = Counter(k for ep in episodes for k in _described(ep))
     kinds = Counter(k for t in tasks for k in t["kinds"])
     gifts = [g for t in tasks for g in t["gift"]]
     n = max(1, len(tasks))
@@ -62,6 +93,8 @@ def profile(episodes: Iterable[dict[str, Any]]) -> dict[str, Any]:
         ],
         "lookup_before_write": round(sum(t["lookup"] for t in tasks) / n, 3),
         "gift_card_share": round(sum(gifts) / len(gifts), 3) if gifts else None,
+        # how the users described the items they returned (from their messages, where the episodes have them)
+        "return_described": dict(sorted(described.items())),
     }
 
 

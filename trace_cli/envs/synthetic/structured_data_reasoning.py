@@ -3,7 +3,10 @@
 The user wants to return one item, described by a property the agent must work out from the data: the most
 expensive / cheapest item of an order, the variant with a given option, or a product from the most recent
 *delivered* order (newer undelivered and older delivered orders hold the same product). The item id, the
-order (for "most recent") and the refund amount are never in the request.
+order (for "most recent") and the refund amount are never in the request. A fifth kind, `by_name` (the item
+named by its product, among other products: its id only in the order's details, a lookup before the write), is
+in no level: it is posed only when the diagnosis's LACKING conversations asked that way (`shape`; issue 44's
+planted "lookup" skill), so the levels' draws stay as they were.
 
 Reward = 0.2·order + 0.2·item + 0.2·payment + 0.4·communicate: the return targets the right order (and no
 other order changed), the right item, the right refund method; the refund amount is told to the user.
@@ -26,7 +29,8 @@ from trace_cli.envs.worlds.tasks import (
     say,
 )
 
-KINDS = ("most_expensive", "cheapest", "by_option", "most_recent")
+KINDS = ("most_expensive", "cheapest", "by_option", "most_recent")  # the levels' kinds (`list(KINDS)`: keep)
+SHAPED_KINDS = ("by_name",)  # only by a pin from the diagnosis (`shape`), never a level's
 
 
 class StructuredDataReasoning(SyntheticEnv):
@@ -45,7 +49,7 @@ class StructuredDataReasoning(SyntheticEnv):
     KNOBS = {
         "n_orders": Knob(int, 3, 10, doc="orders of the customer"),
         "n_items": Knob(int, 2, 5, doc="items in the order the answer is in (distractor items)"),
-        "kinds": Knob(list, choices=KINDS, doc="how the item is described"),
+        "kinds": Knob(list, choices=KINDS + SHAPED_KINDS, doc="how the item is described"),
         "gift_card_fraction": Knob(float, 0.0, 1.0, doc="probability that the refund goes to a gift card"),
     }
     # The easiest level: two records to choose between, one way of describing the item.
@@ -68,9 +72,13 @@ class StructuredDataReasoning(SyntheticEnv):
 
     @classmethod
     def shape(cls, profile: dict[str, Any]) -> dict[str, Any]:
-        """The share of the LACKING conversations' refunds that go to a gift card."""
+        """The share of the LACKING conversations' refunds that go to a gift card, and the ways their users
+        described the returned item (`return_described`), when their messages say."""
         g = profile["gift_card_share"]
-        return {} if g is None else {"gift_card_fraction": round(clamp(g, 0.05, 0.95), 2)}
+        pins = {} if g is None else {"gift_card_fraction": round(clamp(g, 0.05, 0.95), 2)}
+        described = profile.get("return_described") or {}
+        kinds = [k for k in KINDS + SHAPED_KINDS if described.get(k)]
+        return {**pins, "kinds": kinds} if kinds else pins
 
     def _validate_knobs(self) -> None:
         if self.knobs["n_items"] > 6:
@@ -102,7 +110,16 @@ class StructuredDataReasoning(SyntheticEnv):
         else:
             target = rng.choice(c.orders)
             target["status"] = "delivered"
-            if kind == "by_option":
+            if kind == "by_name":  # products all different: the name finds the line, its id is in the order
+                lines = lines_of_other_products(b, n_items, set())
+                line = rng.choice(lines)
+                what = rng.choice(
+                    [
+                        "Please return the {p} from my order {o}.",
+                        "I want to return the {p} I got in order {o}.",
+                    ]
+                ).format(p=line["name"], o=target["order_id"])
+            elif kind == "by_option":
                 product = rng.choice(list(b.db["products"]))
                 v1, v2 = rng.sample(list(b.db["products"][product]["variants"]), 2)
                 other, line = b.line(product, v1), b.line(product, v2)
