@@ -174,20 +174,20 @@ def train_grpo(spec: GRPOSpec) -> GRPOResult:
     kept = unwrapped if spec.keep_model else None
     del trainer, model, unwrapped
     return GRPOResult(
-        final,
-        history,
-        step,
-        runtime,
-        trainable,
-        total,
-        checkpoint_step(spec.resume_from) if spec.resume_from else None,
-        kept,
-        cpu_s,
-        stats.get("replayed_steps", 0),
-        stats.get("replayed", 0),
-        validation,
-        last,
-        run_engine.summary(),
+        adapter_dir=final,
+        log_history=history,
+        global_step=step,
+        train_runtime_s=runtime,
+        trainable_parameters=trainable,
+        total_parameters=total,
+        resumed_from_step=checkpoint_step(spec.resume_from) if spec.resume_from else None,
+        model=kept,
+        train_cpu_s=cpu_s,
+        replayed_steps=stats.get("replayed_steps", 0),
+        replayed_episodes=stats.get("replayed", 0),
+        validation=validation,
+        last_dir=last,
+        rollout=run_engine.summary(),
     )
 
 
