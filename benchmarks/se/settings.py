@@ -9,8 +9,8 @@ from typing import Any
 
 from common import REPO, RESULTS
 
-TARGET_TRAIN = 300000  # target seeds for diagnosis and GRPO-on-target (disjoint from test and validation)
-MAX_TURNS = {"shop": 12, "shop-mixed": 16}  # the target's own turn limit (synthesized environments: 12)
+from se.targets import KNOWN, target
+
 TRAINED = ("grpo_target", "trace")  # the methods a process may run
 # option -> (default, default with --quick)
 DEFAULTS = {
@@ -89,8 +89,6 @@ class Settings:
 
     def target(self, name: str):
         """What `name` trains and is tested on (se/targets.py)."""
-        from se.targets import target
-
         return target(name, self.tau2_user)
 
     def held_out_of(self, name: str) -> str:
@@ -254,7 +252,7 @@ def parse_settings(argv: list[str] | None, doc: str) -> Settings:
     for k, (full, quick) in DEFAULTS.items():
         if getattr(a, k) is None:
             setattr(a, k, quick if a.quick else full)
-    known = (*MAX_TURNS, "tau2-retail", "tau2-airline")  # se.targets.KNOWN (it imports this module)
+    known = KNOWN
     targets = tuple(t for t in a.target.split(",") if t)
     if not targets or set(targets) - set(known):
         ap.error(f"--target: a comma-separated subset of {','.join(known)}, not {a.target!r}")

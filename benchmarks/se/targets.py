@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from se.settings import MAX_TURNS, TARGET_TRAIN
-
+TARGET_TRAIN = 300000  # target seeds for diagnosis and GRPO-on-target (disjoint from test and validation)
+MAX_TURNS = {"shop": 12, "shop-mixed": 16}  # the target's own turn limit (synthesized environments: 12)
 TAU2 = {"tau2-retail": (74, 40), "tau2-airline": (30, 20)}  # (train tasks, test tasks) of τ²'s own split
 TAU2_USER = "user=scripted"
 
