@@ -129,9 +129,9 @@ def prepare(config: dict[str, Any], store: Store) -> Prepared:
         )
         shape = _shape(cfg, diag, store, TEMPLATES[cap], target)
     id_config = {**cfg, "diagnosis": diag.id, "model": model.digest, "target": target["identity"]}
-    _engine_id(id_config)
     if target["world"] != "shop":  # the world's data and generator (shop ids stay as they were)
         id_config["world"] = _world_identity(target["world"])
+    _engine_id(id_config)
     inputs = [diag.as_input("diagnosis"), model.as_input("model")] + target["inputs"]
     p = Prepared(NAME, cfg, id_config, inputs, dict(OUTPUTS)).finalize()
     p.extra.update(
