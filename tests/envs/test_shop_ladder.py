@@ -142,6 +142,41 @@ def test_the_base_mix_is_shop_mixed_on_even_seeds_with_only_the_planted_deficits
     )
 
 
+def test_withhold_draws_each_skill_on_its_own_coin():
+    """`withhold=0.7`: each planted skill of a demonstration is withheld with probability 0.7, independently of the
+    others and of what else is named (so k skills compound in what the base learns), the same on every call."""
+    env = make_env("shop-ladder?mix=base&withhold=0.7")
+    withheld, pairs, n = Counter(), Counter(), Counter()
+    for seed in range(1, 1200, 2):  # the ladder half of the base mix
+        env.reset(seed)
+        skills = env.task_metadata()["skills"]
+        ref = env.reference_actions()
+        off = {}
+        for s in skills:
+            cap = SKILLS[s]
+            env.reset(seed)
+            alone = env.demonstration({cap})
+            env.reset(seed)
+            assert alone == env.demonstration({cap}), seed  # a coin per seed and capability: the same again
+            off[s] = alone != ref
+            n[s] += 1
+            withheld[s] += off[s]
+        env.reset(seed)
+        both = env.demonstration(set(PLANTED))
+        # naming every planted capability withholds exactly the skills whose own coin fell
+        assert _play(seed, both, mix="base").reward == (0.0 if any(off.values()) else 1.0), seed
+        for a, b in (("refuse", "address"), ("refuse", "lookup"), ("address", "lookup")):
+            if a in off and b in off:
+                pairs[(a, b, "n")] += 1
+                pairs[(a, b, "both")] += off[a] and off[b]
+    for s in SKILLS:
+        assert abs(withheld[s] / n[s] - 0.7) < 0.07, (s, withheld[s], n[s])
+    for a, b in (("refuse", "address"), ("refuse", "lookup"), ("address", "lookup")):
+        assert abs(pairs[(a, b, "both")] / pairs[(a, b, "n")] - 0.49) < 0.1, (a, b)
+    with pytest.raises(UsageError, match="withhold"):
+        make_env("shop-ladder?withhold=1.5")
+
+
 def test_registered_with_its_parameters_checked():
     assert "shop-ladder" in list_envs()
     env = make_env("shop-ladder?max_turns=12&n_orders=6")

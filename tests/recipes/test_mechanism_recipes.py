@@ -1,5 +1,5 @@
 """The mechanism test's two bases (issue 44): recipes/mechanism-base-agent.yaml withholds exactly shop-ladder's planted
-skills 70 % of the time; recipes/mechanism-capacity-control.yaml is the same recipe with nothing withheld; both
+skills, each 70 % of the time on its own coin; recipes/mechanism-capacity-control.yaml is the same recipe with nothing withheld; both
 validate, and (slow) run their first steps at a tiny size on a fresh store."""
 
 from __future__ import annotations
@@ -37,12 +37,13 @@ def _steps(path: Path) -> dict[str, dict]:
 def test_the_planted_base_withholds_the_ladders_skills_and_the_control_nothing_else_differs():
     base, control = _steps(BASE), _steps(CONTROL)
     sft = base["sft"]["with"]
-    assert sft["env"] == "shop-ladder?mix=base" and sft["deficit_rate"] == 0.7
+    # every demonstration asks, and each planted skill is withheld on its own coin with probability 0.7
+    assert sft["env"] == "shop-ladder?mix=base&withhold=0.7" and sft["deficit_rate"] == 1.0
     assert sorted(sft["deficits"]) == sorted(PLANTED)
     assert control["sft"]["with"]["deficits"] == []
     # the same model, pretraining and SFT settings: only the withheld skills (and the artifact's name) differ
     assert base["model"] == control["model"] and base["pretrain"] == control["pretrain"]
-    strip = {"deficits", "deficit_rate"}
+    strip = {"deficits"}
     assert {k: v for k, v in sft.items() if k not in strip} == {
         k: v for k, v in control["sft"]["with"].items() if k not in strip
     }

@@ -2,12 +2,20 @@
 
 A separate package from `envs.shop` on purpose: the frozen shop-mixed registration digests `trace_cli/envs/shop/`
 (benchmarks/se/freeze.py), and nothing here changes a draw of the shop's tasks (tests/envs/test_task_digests.py).
-The tasks are described in `tasks`; registered as `shop-ladder` (params: `mix` target|base, `max_turns`,
-`n_orders`, `tool_set`).
+The tasks are described in `tasks`; registered as `shop-ladder` (params: `mix` target|base, `withhold`,
+`max_turns`, `n_orders`, `tool_set`).
+
+`withhold` (a share, default: none) makes `demonstration(deficits)` withhold each named capability on its own,
+with that probability, by a coin drawn from the seed and the capability alone: the skills of one demonstration
+are withheld independently, so an agent trained on them cannot infer one skill's behaviour from another's earlier
+in the conversation (with one draw per demonstration, as `trace train --deficit-rate` makes, a k-skill task's
+skills would be right or wrong together, and k would not compound). The planted base uses `withhold=0.7` with
+`deficit_rate: 1.0`.
 """
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from trace_cli.envs.ladder.tasks import (
@@ -35,11 +43,23 @@ class ShopLadderEnv(ShopEnv):
 
     name = "shop-ladder"
 
-    def __init__(self, max_turns: int = 16, n_orders: int = 5, tool_set: str = "all", mix: str = "target"):
+    def __init__(
+        self,
+        max_turns: int = 16,
+        n_orders: int = 5,
+        tool_set: str = "all",
+        mix: str = "target",
+        withhold: float | None = None,
+    ):
         super().__init__(max_turns=max_turns, n_orders=n_orders, tool_set=tool_set)
         if mix not in MIXES:
             raise UsageError(f"shop-ladder: parameter 'mix' must be one of {', '.join(MIXES)}, got {mix!r}")
+        if withhold is not None and (isinstance(withhold, bool) or not 0.0 <= float(withhold) <= 1.0):
+            raise UsageError(
+                f"shop-ladder: parameter 'withhold' must be a share from 0 to 1, got {withhold!r}"
+            )
         self.mix = mix
+        self.withhold = None if withhold is None else float(withhold)
 
     def family_for_seed(self, seed: int) -> str:
         return "ladder"  # drawn with the task (the seed alone decides it)
@@ -68,20 +88,35 @@ class ShopLadderEnv(ShopEnv):
         if unknown:
             raise UsageError(f"unknown deficit {unknown[0]!r}; known: {', '.join(CAPABILITIES)}")
         task = self._started()
+        if self.withhold is not None:  # each capability on its own coin (the class docstring)
+            deficits = {c for c in deficits if self.coin(c) < self.withhold}
         if isinstance(task, LadderTask):
             return clone(task.withholding(set(deficits)))
         return super().demonstration(set(deficits) & set(PLANTED_ON_MIXED))
 
+    def coin(self, capability: str) -> float:
+        """The current seed's draw for withholding `capability` (the same whatever else is withheld)."""
+        self._started()
+        return random.Random(f"shop-ladder-withhold:{self._seed}:{capability}").random()
 
-_PARAMS = ("max_turns", "n_orders", "tool_set", "mix")
+
+_PARAMS = ("max_turns", "n_orders", "tool_set", "mix", "withhold")
 
 
 def make_shop_ladder_env(**params: Any) -> ShopLadderEnv:
-    """Factory registered as `shop-ladder`. Params: mix (target|base), max_turns, n_orders, tool_set."""
+    """Factory registered as `shop-ladder`. Params: mix (target|base), withhold, max_turns, n_orders, tool_set."""
     unknown = [k for k in params if k not in _PARAMS]
     if unknown:
         raise UsageError(f"shop-ladder: unknown parameter '{unknown[0]}'; known: {', '.join(_PARAMS)}")
     mix = params.pop("mix", "target")
+    withhold = params.pop("withhold", None)
+    if isinstance(withhold, str):
+        try:
+            withhold = float(withhold)
+        except ValueError:
+            raise UsageError(
+                f"shop-ladder: parameter 'withhold' must be a share from 0 to 1, got {withhold!r}"
+            ) from None
     env = make_shop_env(**params)  # the shop's own checks of max_turns, n_orders, tool_set
     kw = {k: getattr(env, k) for k in ("max_turns", "n_orders", "tool_set") if k in params}
-    return ShopLadderEnv(mix=mix, **kw)
+    return ShopLadderEnv(mix=mix, withhold=withhold, **kw)
