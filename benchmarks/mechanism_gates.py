@@ -16,8 +16,10 @@ range (diagnosis and GRPO rollouts, 300000+), never on a test seed (every seed r
                   over the base — one gate per capability;
   4. ceiling      the perfect-expert ceiling is >= 2.5x GRPO-on-target's validation gain: GRPO on the target
                   with --grpo-budget rollouts (2560) gives the gain; the ceiling is the share of validation
-                  tasks the base fails whose LACKING capabilities (the rules analyst, on the base's episode) are
-                  all among the calibrated planted ones — what ideal experts, ideally routed, could fix.
+                  tasks the base fails whose LACKING capabilities (the rules analyst, on the base's episode,
+                  distractors left out) are all among the calibrated environments' — planted, and any other the
+                  diagnosis selected (TRACE trains those too; calibrated here, no gate of their own) — what ideal
+                  experts, ideally routed, could fix.
                   A GRPO gain <= 0 passes when the ceiling's gain is > 0.
 
 A failing gate stops the mechanism test before any test seed and is the reported result. Prints a table and
@@ -143,6 +145,42 @@ def grpo(
     }
 
 
+def synthesize(a: argparse.Namespace, b: Bench, d_art, cap: str, base: str, target: str):
+    """(environment artifact or None, what its calibration did) for one selected capability."""
+    n_cal, k_cal = (int(x) for x in a.calibration.split("x"))
+    cfg = {
+        "diagnosis": d_art.uri,
+        "capability": cap,
+        "target": target,
+        "tools": "target",
+        "model": base,
+        "seed": a.seed,
+        "params": {"level": 0},
+        "calibration": {
+            "seeds": n_cal,
+            "rollouts": k_cal,
+            "look": a.calibration_look,
+            "max_attempts": a.calibration_attempts,
+            "max_new_tokens": a.max_new_tokens,
+            "max_completion_length": 1024,
+            "tokens": True,
+            **a.calibration_set,
+        },
+    }
+    try:
+        env = b.run(f"synthesize/{cap}", "synthesize", cfg).outputs["environment"]
+    except (CheckFailed, TraceError) as e:  # out of band at every level tried (or refused): no environment
+        ran = int((getattr(e, "details", None) or {}).get("rollouts_run") or 0)
+        return None, {"why": str(e)[:300], "calibration_rollouts": ran}
+    s = env.summary
+    return env, {
+        "mean_success": s.get("mean_success"),
+        "environment": env.uri,
+        "params": s.get("params"),
+        "calibration_rollouts": b.calibration_rollouts(env),
+    }
+
+
 def diagnosis_gate(b: Bench, d_art, planted: list[str], n_seeds: int) -> dict[str, Any]:
     """Gate 1 from the diagnosis artifact: in how many bootstrap seeds every planted capability was selected."""
     import yaml
@@ -252,56 +290,26 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
     else:
         gates.append(diagnosis_gate(b, d_art, planted, a.bootstrap_seeds))
-    # 2. each planted capability's environment, calibrated on the base
-    n_cal, k_cal = (int(x) for x in a.calibration.split("x"))
+    # 2. each planted capability's environment, calibrated on the base (and, for the ceiling, the environment of
+    # every other capability the diagnosis selected: TRACE would train those too; no gate)
     envs: dict[str, Any] = {}
-    selected = set(d_art.summary.get("selected", [])) if d_art else set()
-    for cap in planted:
+    extra: dict[str, Any] = {}
+    selected = list(d_art.summary.get("selected", [])) if d_art else []
+    for cap in [*planted, *sorted(set(selected) - set(planted))]:
+        name = f"{cap} calibrates on the base"
         if cap not in selected:
             why = "not selected" if d_art else "no diagnosis"
-            gates.append(gate(f"{cap} calibrates on the base", "admitted", None, False, why=why))
+            gates.append(gate(name, "admitted", None, False, why=why))
             continue
-        scfg = {
-            "diagnosis": d_art.uri,
-            "capability": cap,
-            "target": target,
-            "tools": "target",
-            "model": base_uri,
-            "seed": a.seed,
-            "params": {"level": 0},
-            "calibration": {
-                "seeds": n_cal,
-                "rollouts": k_cal,
-                "look": a.calibration_look,
-                "max_attempts": a.calibration_attempts,
-                "max_new_tokens": a.max_new_tokens,
-                "max_completion_length": 1024,
-                "tokens": True,
-                **a.calibration_set,
-            },
-        }
-        try:
-            env = b.run(f"synthesize/{cap}", "synthesize", scfg).outputs["environment"]
-        except (CheckFailed, TraceError) as e:
-            ran = int((getattr(e, "details", None) or {}).get("rollouts_run") or 0)
-            gates.append(
-                gate(f"{cap} calibrates on the base", "admitted", None, False, why=str(e)[:300], rollouts=ran)
-            )
+        env, info = synthesize(a, b, d_art, cap, base_uri, target)
+        if cap not in planted:
+            extra[cap] = info
+            if env is not None:
+                envs[cap] = env
             continue
-        envs[cap] = env
-        s = env.summary
-        gates.append(
-            gate(
-                f"{cap} calibrates on the base",
-                "admitted",
-                s.get("mean_success"),
-                True,
-                environment=env.uri,
-                params=s.get("params"),
-                shaped_kinds=(s.get("params") or {}).get("kinds"),
-                calibration_rollouts=b.calibration_rollouts(env),
-            )
-        )
+        gates.append(gate(name, "admitted", info.get("mean_success"), env is not None, **info))
+        if env is not None:
+            envs[cap] = env
     # 3. an isolated adapter per calibrated environment, its single-skill family on the validation seeds
     adapters: dict[str, dict[str, Any]] = {}
     for cap in planted:
@@ -355,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {k: v for k, v in vars(a).items() if k not in ("store", "out", "base", "target")},
         "base_validation": {"pass@1": base_ev["pass@1"], "families": base_ev["families"]},
         "adapters": adapters,
+        "other_selected_environments": extra,
         "gates": gates,
         "passed": all(g["pass"] for g in gates),
         "store": str(store),

@@ -137,8 +137,11 @@ def test_a_real_base_goes_through_every_gate(tmp_path, run_benchmark):
     for g in isolated:
         assert g["measured"] == pytest.approx(g["adapter"] - g["base"], abs=1e-4)
     ceiling = res["gates"][7]
+    # the experts: every calibrated environment, planted or not (what TRACE would train)
+    others = {c for c, e in res["other_selected_environments"].items() if e.get("environment")}
+    assert set(res["other_selected_environments"]) == set(diag["selected"]) - set(res["planted"])
     assert ceiling["grpo_rollouts"] == 16 and ceiling["experts"] == sorted(
-        g["gate"].split()[0] for g in calibrated
+        {g["gate"].split()[0] for g in calibrated} | others
     )
     assert 0.0 <= ceiling["ceiling_gain"] <= 1.0 and ceiling["ceiling"]["episodes"] == 18
     assert res["base_digest"] and len(res["base_digest"]) == 64
