@@ -22,6 +22,9 @@ range (diagnosis and GRPO rollouts, 300000+), never on a test seed (every seed r
                   experts, ideally routed, could fix.
                   A GRPO gain <= 0 passes when the ceiling's gain is > 0.
 
+With `--control` (the capacity control, nothing withheld), three gates come first: it reaches >= 0.8 on each
+planted skill's single-skill family (otherwise that skill is a capacity limit of the model, not a deficit).
+
 A failing gate stops the mechanism test before any test seed and is the reported result. Prints a table and
 writes JSON (each gate: threshold, measured value, pass/fail, details; the base's digest; every artifact's uri;
 the commit): `--out` (default benchmarks/results/mechanism_gates_<target>.json). Resumable: every stage runs in
@@ -65,6 +68,7 @@ SINGLE_FAMILY = {
 }
 MIN_DIAGNOSIS_SHARE = 0.8  # of --bootstrap-seeds: 8 of 10
 MIN_LIFT = 0.2
+MIN_CONTROL = 0.8  # the capacity control on each planted skill's single-skill family
 MIN_CEILING_RATIO = 2.5
 
 
@@ -72,6 +76,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add = ap.add_argument
     add("--base", required=True, help="the planted base agent (a model directory or store uri)")
+    add(
+        "--control",
+        default=None,
+        help="the capacity control (recipes/mechanism-capacity-control.yaml's model): gated first, >= 0.8 on each "
+        "planted skill's single-skill family",
+    )
     add("--target", choices=sorted(MAX_TURNS), default="shop-ladder")
     add(
         "--validation",
@@ -267,6 +277,26 @@ def main(argv: list[str] | None = None) -> int:
     base_uri = base.outputs["model"].uri
     base_ev = b.eval("base/validation", base_uri, target, a.validation, max_turns=mt)
     gates: list[dict[str, Any]] = []
+    # 0. the capacity control: can this model learn each planted skill at all (nothing withheld)?
+    control = None
+    if a.control:
+        c_path = Path(a.control) if Path(a.control).is_absolute() else REPO / a.control
+        src = str(c_path) if c_path.exists() else a.control
+        c_uri = b.run("control/import", "model", {"source": src}).outputs["model"].uri
+        c_ev = b.eval("control/validation", c_uri, target, a.validation, max_turns=mt)
+        control = {
+            "model": a.control,
+            "digest": dir_sha256(c_path) if c_path.is_dir() else None,
+            "pass@1": c_ev["pass@1"],
+            "families": c_ev["families"],
+        }
+        for cap in planted:
+            fam = SINGLE_FAMILY[target].get(cap)
+            got = c_ev["families"].get(fam) if fam else None
+            gates.append(
+                gate(f"capacity control learns {cap} ({fam or 'no single-skill family'})", f">= {MIN_CONTROL}",
+                     got, got is not None and got >= MIN_CONTROL - 1e-9, base=base_ev["families"].get(fam or ""))
+            )  # fmt: skip
     # 1. the diagnosis of the base's own target rollouts (its training range)
     ro = b.run(
         "diagnosis/rollouts",
@@ -364,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         "base_validation": {"pass@1": base_ev["pass@1"], "families": base_ev["families"]},
         "adapters": adapters,
         "other_selected_environments": extra,
+        "control": control,
         "gates": gates,
         "passed": all(g["pass"] for g in gates),
         "store": str(store),

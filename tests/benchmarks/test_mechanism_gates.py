@@ -49,9 +49,12 @@ def test_the_gates_never_touch_a_test_seed(tmp_path, run_benchmark):
         assert not out.exists()
 
 
-def _gates(path: Path) -> dict:
+def _gates(path: Path, control: bool = False) -> dict:
     res = json.loads(path.read_text())
     assert res["benchmark"] == "mechanism_gates" and res["commit"] and res["issue"] == 44
+    if control:  # the capacity control's three gates come first
+        assert [g["gate"].split()[:3] for g in res["gates"][:3]] == [["capacity", "control", "learns"]] * 3
+        res["gates"] = res["gates"][3:]
     assert len(res["gates"]) == GATES
     for g in res["gates"]:
         assert {"gate", "threshold", "measured", "pass"} <= set(g)
@@ -74,6 +77,8 @@ def test_tiny_model_every_gate_fails_saying_why(tmp_path, tmp_path_factory, run_
         "mechanism_gates.py",
         "--base",
         str(tiny.hf),
+        "--control",
+        str(tiny.hf),
         *TINY_SIZES,
         "--diagnosis-rollouts",
         "12",
@@ -92,7 +97,10 @@ def test_tiny_model_every_gate_fails_saying_why(tmp_path, tmp_path_factory, run_
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    res = _gates(out)
+    control = json.loads(out.read_text())["gates"][:3]
+    assert [g["measured"] for g in control] == [0.0] * 3 and not any(g["pass"] for g in control)
+    res = _gates(out, control=True)
+    assert res["control"]["digest"] and len(res["control"]["families"]) == 7
     diag, *rest = res["gates"]
     assert not res["passed"] and diag["measured"] is None and "no successes" in diag["why"]
     assert [g["why"] for g in rest[:3]] == ["no diagnosis"] * 3
