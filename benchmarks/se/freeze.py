@@ -3,6 +3,8 @@
 `digests()` identifies what a run measures:
 - `base`: sha256 of every file of the base agent's directory (paths and bytes);
 - `target_source`: sha256 of the target's package, `trace_cli/envs/shop/` (tasks, tools, user, world, grading);
+  a target built on further packages (`shop-ladder`: `trace_cli/envs/ladder/` too, `TARGET_PACKAGES`) hashes the
+  shop's digest with theirs, so shop and shop-mixed keep the digest issue 31 registered;
 - `target_tasks`: sha256 of what the target does on seeds 0..19 (first observation, tools, reference
   actions): it changes when anything the target relies on changes, even outside its package.
 Seeds 0..19 are none of the benchmark's ranges (diagnosis and GRPO 300000+, test and validation 500000+).
@@ -28,6 +30,8 @@ from se.results import Refused, read
 from se.settings import Settings
 
 TARGET_PACKAGE = REPO / "trace_cli" / "envs" / "shop"
+# targets that need more than the shop's package (in this order, after it)
+TARGET_PACKAGES = {"shop-ladder": (REPO / "trace_cli" / "envs" / "ladder",)}
 PROBE_SEEDS = range(20)
 PREREGISTRATION = "preregistration"
 # the registered decision rule (a registration's `decision` says it in words): at the registered budget, every
@@ -60,12 +64,22 @@ def tasks_sha256(target: str) -> str:
     return h.hexdigest()
 
 
+def source_sha256(target: str) -> str:
+    """`target_source`: the shop package's digest, alone (shop, shop-mixed) or hashed with the other packages
+    the target needs (`TARGET_PACKAGES`)."""
+    shop = dir_sha256(TARGET_PACKAGE)
+    more = TARGET_PACKAGES.get(target, ())
+    if not more:
+        return shop
+    return hashlib.sha256("\n".join([shop, *(dir_sha256(p) for p in more)]).encode()).hexdigest()
+
+
 def digests(base: str, target: str) -> dict[str, str]:
     path = Path(base)
     path = path if path.is_absolute() else REPO / path
     return {
         "base": dir_sha256(path),
-        "target_source": dir_sha256(TARGET_PACKAGE),
+        "target_source": source_sha256(target),
         "target_tasks": tasks_sha256(target),
     }
 

@@ -753,6 +753,28 @@ def test_the_target_digest_follows_what_the_target_does():
 
     assert freeze.tasks_sha256("shop-mixed") == freeze.tasks_sha256("shop-mixed")
     assert freeze.tasks_sha256("shop-mixed") != freeze.tasks_sha256("shop")
+    assert freeze.tasks_sha256("shop-ladder") not in (
+        freeze.tasks_sha256("shop"),
+        freeze.tasks_sha256("shop-mixed"),
+    )
+
+
+def test_a_target_on_more_packages_digests_them_all_and_shop_mixed_keeps_its_digest(tmp_path, monkeypatch):
+    from se import freeze
+
+    mixed = freeze.source_sha256("shop-mixed")
+    assert mixed == freeze.dir_sha256(freeze.TARGET_PACKAGE) == freeze.source_sha256("shop")
+    ladder = freeze.source_sha256("shop-ladder")
+    assert ladder != mixed
+    # a change to the ladder's package changes its digest and not shop-mixed's
+    copy = tmp_path / "ladder"
+    copy.mkdir()
+    for f in freeze.TARGET_PACKAGES["shop-ladder"][0].glob("*.py"):
+        (copy / f.name).write_bytes(f.read_bytes())
+    monkeypatch.setitem(freeze.TARGET_PACKAGES, "shop-ladder", (copy,))
+    assert freeze.source_sha256("shop-ladder") == ladder
+    (copy / "tasks.py").write_text((copy / "tasks.py").read_text() + "\n# changed\n")
+    assert freeze.source_sha256("shop-ladder") != ladder and freeze.source_sha256("shop-mixed") == mixed
 
 
 def test_the_benchmark_refuses_a_run_that_is_not_the_registered_one(tmp_path, run_benchmark):
