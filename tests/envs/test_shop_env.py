@@ -322,3 +322,29 @@ def test_random_actions_are_reproducible_and_the_env_reusable():
     )
     assert a.actions == b.actions and a.verdict == b.verdict
     assert any(r.error for r in a.results) or len(a.actions) < env.max_turns
+
+
+def test_max_turns_counts_agent_turns_as_the_rollout_loop_does():
+    """An assistant turn with several tool calls is one turn of `max_turns` (the loop marks turns with
+    begin_turn); without the mark each action is a turn of its own; a new episode starts outside any turn."""
+    from trace_cli.envs.rollout import Turn, apply_actions, start
+
+    env = ShopEnv(families=["cancel_order"], max_turns=3)
+    st = start(env, 0)
+    plan = [a for a in env.reference_actions() if "name" in a]
+    calls = [plan[0]] * 3
+    apply_actions(st, Turn(calls), max_turns=99)
+    assert env.turns == 1 and not st.done  # three calls, one turn
+    apply_actions(st, Turn(calls[:2]), max_turns=99)
+    assert env.turns == 2 and not st.done
+    apply_actions(st, Turn(calls[:1]), max_turns=99)
+    assert env.turns == 3 and st.done and st.termination == "max_turns"
+    env.reset(0)
+    for a in calls:  # stepped directly: each action its own turn
+        env.step(a)
+    assert env.turns == 3 and env.done
+    st = start(env, 0)
+    env.begin_turn(None, 5)  # a turn left open by the episode before ...
+    env.reset(0)
+    env.step(calls[0])
+    assert env.turns == 1  # ... does not leak into the next one

@@ -87,6 +87,7 @@ class ShopEpisodes(ScriptedConversation):
         self.api = ShopTools(self.db)
         self.user = user
         self.turns = 0
+        self._calls_in_turn = 0  # a new episode starts outside any turn (ScriptedConversation)
         self.done = False
         self.termination: str | None = None
         self.agent_messages: list[str] = []

@@ -390,6 +390,7 @@ class SyntheticEnv(ScriptedConversation):
             else ScriptedUser(sc.identify, sc.request)
         )
         self.turns = 0
+        self._calls_in_turn = 0  # a new episode starts outside any turn (ScriptedConversation)
         self.done = False
         self.termination: str | None = None
         self.agent_messages: list[str] = []

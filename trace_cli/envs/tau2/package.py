@@ -51,7 +51,7 @@ def tau2() -> Any:
         import dotenv
         from loguru import logger
     except ImportError as exc:
-        raise _missing(f"missing dependency {exc.name!r}") from None
+        raise _missing(f"missing dependency {exc.name!r}: {exc}") from None
     if installed is None:
         raise _missing(f"no distribution {DIST!r}")
     logger.disable("tau2")
