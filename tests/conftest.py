@@ -29,6 +29,12 @@ def _quiet_env(monkeypatch):
     monkeypatch.setenv("TRACE_NO_PROGRESS", "1")
     monkeypatch.delenv("TRACE_STORE", raising=False)
     monkeypatch.delenv("TRACE_VERBOSE", raising=False)
+    yield
+    # a test that ran the CLI in-process into its Ctrl-C path aborted every LLM answer of this process
+    # (llm.openai_client.abort: right for a CLI about to exit); the next test starts unaborted
+    llm = sys.modules.get("trace_cli.llm.openai_client")
+    if llm is not None:
+        llm.clear_abort()
 
 
 @pytest.fixture(scope="session")

@@ -167,6 +167,9 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     _VERBOSE = os.environ.get("TRACE_VERBOSE") in ("1", "true", "yes")  # per invocation, not sticky
     _INTERRUPTED = False
+    llm = sys.modules.get("trace_cli.llm.openai_client")
+    if llm is not None:  # an earlier invocation's Ctrl-C (in this process) does not abort this one
+        llm.clear_abort()
     previous = None
     if (
         threading.current_thread() is threading.main_thread()

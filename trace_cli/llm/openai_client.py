@@ -151,6 +151,12 @@ def abort() -> None:
             sock.shutdown(socket.SHUT_RDWR)
 
 
+def clear_abort() -> None:
+    """A new invocation in the same process (tests, a program that calls `trace_cli.cli.main` again) starts
+    unaborted: `abort` is per run, not for the life of the process."""
+    _ABORTED.clear()
+
+
 def _check_abort() -> None:
     if _ABORTED.is_set():
         raise AnswerLimit("interrupted", key="interrupt")
