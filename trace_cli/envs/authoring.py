@@ -244,9 +244,12 @@ def author_module(
             "source": src,
         }
         if verdict.accepted:
-            with SandboxWorker(src, limits, unsafe_local_exec=cfg["unsafe_local_exec"]) as w:
+            params = module_params(cfg["params"], target)
+            with SandboxWorker(
+                src, limits, unsafe_local_exec=cfg["unsafe_local_exec"], world=params.get("world")
+            ) as w:
                 tc = check_tools(
-                    SandboxedEnv(w, module_params(cfg["params"], target)),
+                    SandboxedEnv(w, params),
                     target["tools"],
                     fallback_ok=target["kind"] == "env",
                 )

@@ -1,6 +1,8 @@
 """The sandboxed child: loads one untrusted environment module and answers JSON requests on a pipe.
 
-Run as a script (never imported by the parent): `python -I -S -B child.py WORKDIR MODULE LIMITS_JSON PKG_ROOT`.
+Run as a script (never imported by the parent): `python -I -S -B child.py WORKDIR MODULE LIMITS_JSON PKG_ROOT
+[WORLD_JSON]`; WORLD_JSON ({"world": name, "sites": [site-packages directories]}) names the module's target world,
+which is built and warmed before the hook (`trace_cli.envs.worlds.preload`).
 Inside the OS sandbox (see `jail.py`) it is the only process, as an unprivileged uid, with a read-only view
 of the Python installation and the trace_cli package, a private writable WORKDIR, no network, and a seccomp
 filter that refuses new processes. This program adds, before the untrusted module is imported:
@@ -254,12 +256,35 @@ def _make_hook(proto_fd, workdirs, read_roots):
     return hook
 
 
-def _read_roots(workdir, module_path, pkg_dir, pkg_root):
+def _preload_world(spec):
+    """The module's target world, built and warmed before the hook with its packages importable for the
+    preload only (see `trace_cli.envs.worlds.preload`); the paths it reads at run time (read roots)."""
+    if not spec:
+        return ()
+    from trace_cli.envs.worlds.preload import preload
+
+    before = frozenset(sys.modules)
+    reads = tuple(preload(str(spec["world"]), tuple(str(s) for s in spec["sites"])))
+    # what the world's code newly imported but a module may not import itself leaves sys.modules: the world
+    # keeps its references, and the module's own import is refused as without a world
+    for name in [m for m in sys.modules if m not in before and _refused_import(m)]:
+        del sys.modules[name]
+    return reads
+
+
+def _refused_import(name):
+    """Whether the hook refuses `import name` (the same tests as its "import" event)."""
+    top = name.split(".")[0]
+    return name in _NET or top in _NET or name == "urllib.request" or top in _PROC or top in _SUBINTERP
+
+
+def _read_roots(workdir, module_path, pkg_dir, pkg_root, world_reads=()):
     real, absolute = os.path.realpath, os.path.abspath
     allowed = [
         workdir,
         module_path,
         pkg_dir,
+        *world_reads,
         sys.prefix,
         sys.base_prefix,
         sys.exec_prefix,
@@ -396,6 +421,7 @@ def _reply(dispatch, req, traceback_text):
 
 def main():
     workdir, module_path, cfg, pkg_root = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), sys.argv[4]
+    world = json.loads(sys.argv[5]) if len(sys.argv) > 5 else None  # {"world", "sites"} or null
     sys.path.insert(0, pkg_root)
     os.chdir(workdir)
     _limits(cfg)
@@ -410,7 +436,11 @@ def main():
     )
     with open(module_path, encoding="utf-8") as f:  # read and compiled before the hook, run after it
         code = compile(f.read(), module_path, "exec")
-    read_roots = _read_roots(workdir, module_path, _trusted_imports(), pkg_root)
+    pkg_dir = _trusted_imports()
+    world_reads = _preload_world(
+        world
+    )  # sys.path is as before again: the read roots never hold site-packages
+    read_roots = _read_roots(workdir, module_path, pkg_dir, pkg_root, world_reads)
     # no bytecode cache at all: later imports compile from source and never look for a .pyc (marshal.loads
     # is refused, and a cache path outside the read roots would be a false alarm on every stdlib import)
     sys.implementation.cache_tag = None

@@ -238,9 +238,11 @@ def command(
     extra_ro: tuple[str, ...] = (),
     *,
     work_bytes: int = 64 << 20,
+    extra_masked: tuple[str, ...] = (),
 ) -> list[str]:
-    """The argument list that runs the child (append the child's own argv); `extra_ro` are files shown
-    read-only at their own paths. `workdir` is a fresh tmpfs of `work_bytes` and WORK_INODES inodes inside
+    """The argument list that runs the child (append the child's own argv); `extra_ro` are files and
+    directories shown read-only at their own paths, `extra_masked` files under them shown as /dev/null (a
+    world's package directories and the extension modules in them it may not load: `envs.worlds.preload`). `workdir` is a fresh tmpfs of `work_bytes` and WORK_INODES inodes inside
     the jail (the host directory of that name stays empty): mounted by `mount` in a user and mount namespace
     of its own that bwrap then starts in, since bwrap's --tmpfs bounds bytes only; where that cannot be done
     here, bwrap's --tmpfs of `work_bytes` (no inode bound, not noexec)."""
@@ -267,6 +269,8 @@ def command(
         cmd += ["--ro-bind", "/dev/null", f]
     for f in extra_ro:
         cmd += ["--ro-bind", f, f]
+    for f in extra_masked:
+        cmd += ["--ro-bind", "/dev/null", f]
     cmd += ["--dev", "/dev", "--remount-ro", "/dev"]  # no /dev/shm (read-only), devices still work
     prefix = _work_mount(workdir, work_bytes)
     if prefix:

@@ -15,7 +15,10 @@ rlimits, the audit hook and, where `unshare -n` works, a private network namespa
 Module contract: the module defines `make_env(**params)` (or a class `Env`) returning an object with
 `name`, `max_turns`, `reset(seed)`, `step(action)`, `verify()`, `task_metadata()` (with `answer_values`) and
 `reference_actions()`; return values are the dataclasses of `trace_cli.envs.base` or plain dicts with their
-fields. The module may import `trace_cli.envs.*` (e.g. `SyntheticEnv`, the shop tools) and the stdlib.
+fields. The module may import `trace_cli.envs.*` (e.g. `SyntheticEnv`, the shop tools) and the stdlib. A target
+world other than the shop (`params["world"]`, e.g. τ²-retail) is built and warmed in the child before its audit
+hook, with exactly the world's packages mounted read-only for that preload (`trace_cli.envs.worlds.preload`): the
+module then uses the world's already-imported modules and can import nothing more than without a world.
 """
 
 from __future__ import annotations
@@ -129,8 +132,20 @@ _CRASH_SIGNALS = {-signal.SIGSEGV, -signal.SIGBUS, -signal.SIGILL, -signal.SIGFP
 class SandboxWorker:
     """One sandboxed process holding the module and any number of environment instances."""
 
-    def __init__(self, source: str, limits: Limits | None = None, *, unsafe_local_exec: bool | None = None):
+    def __init__(
+        self,
+        source: str,
+        limits: Limits | None = None,
+        *,
+        unsafe_local_exec: bool | None = None,
+        world: str | None = None,
+    ):
+        """`world`: the target world the module's make_env gets (`params["world"]`); a world other than the shop
+        is built in the child before its audit hook, with its packages mounted read-only (`envs.worlds.preload`)."""
+        from trace_cli.envs.worlds import preload
+
         self.limits = limits or Limits.of()
+        preload.check(world)
         if len(source.encode()) > MAX_SOURCE_BYTES:
             raise SandboxViolation(f"the module is larger than {MAX_SOURCE_BYTES // 1024} KB")
         try:
@@ -138,6 +153,8 @@ class SandboxWorker:
         except SyntaxError as e:
             raise SandboxError(f"the module does not compile: {e.msg} (line {e.lineno})") from None
         self.isolation = isolation(unsafe_local_exec)
+        self.world = world
+        sites, world_paths = preload.host_paths(world) if preload.needs_packages(world) else ((), ())
         leftovers.install_sigterm_cleanup()
         # base/ is private to this side; base/work is the module's only writable directory (in the jail a
         # tmpfs of work_mb mounted over it: the host directory stays empty); the module file and the stderr
@@ -161,12 +178,18 @@ class SandboxWorker:
             json.dumps({**self.limits.to_dict(), "answer_bytes": protocol.MAX_ANSWER_BYTES}),
             jail.package_root(),
         ]
+        if world not in (None, "shop"):
+            child.append(json.dumps({"world": world, "sites": list(sites)}))
         fd = None
         if self.isolation == "bwrap":
             fd = jail.seccomp_fd()
             cmd = [
                 *jail.command(
-                    str(self.workdir), fd, (str(self.module_path),), work_bytes=self.limits.work_mb << 20
+                    str(self.workdir),
+                    fd,
+                    (str(self.module_path), *world_paths),
+                    work_bytes=self.limits.work_mb << 20,
+                    extra_masked=preload.masked(world, world_paths) if world_paths else (),
                 ),
                 *child,
             ]
@@ -423,15 +446,18 @@ def module_env_factory(
     limits: Limits | None = None,
     *,
     unsafe_local_exec: bool | None = None,
+    world: str | None = None,
 ):
-    """A zero-argument factory of SandboxedEnvs sharing one worker (started on first use)."""
+    """A zero-argument factory of SandboxedEnvs sharing one worker (started on first use); `world` (default:
+    the params' `world`) is the target world the worker preloads."""
+    world = world or (params or {}).get("world")
     leftovers.install_sigterm_cleanup()  # here too: the worker itself may start on a rollout thread
     box: dict[str, SandboxWorker] = {}
 
     def make() -> SandboxedEnv:
         w = box.get("w")
         if w is None or w.dead:
-            w = box["w"] = SandboxWorker(source, limits, unsafe_local_exec=unsafe_local_exec)
+            w = box["w"] = SandboxWorker(source, limits, unsafe_local_exec=unsafe_local_exec, world=world)
             _WORKERS.append(w)
         return SandboxedEnv(w, params)
 
@@ -457,13 +483,16 @@ def check_module(
     do_nothing_seeds: int,
     leakage_seeds: int,
     unsafe_local_exec: bool | None = None,
+    world: str | None = None,
 ) -> ModuleVerdict:
     """Load the module in a sandbox and run the template checks on it; never raises for a bad module. The seed
-    counts are the synthesize config's `checks` (its schema states their defaults)."""
+    counts are the synthesize config's `checks` (its schema states their defaults); `world` (default: the
+    params' `world`) is the target world the worker preloads."""
     from trace_cli.envs.synthetic.checks import run_checks
 
+    world = world or (params or {}).get("world")
     try:
-        worker = SandboxWorker(source, limits, unsafe_local_exec=unsafe_local_exec)
+        worker = SandboxWorker(source, limits, unsafe_local_exec=unsafe_local_exec, world=world)
     except (SandboxViolation, SandboxError) as e:
         return ModuleVerdict(False, e.reason)
     try:
