@@ -159,7 +159,9 @@ def package_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.realpath(trace_cli.__file__)))
 
 
-def masked_extensions(paths: tuple[str, ...], native: tuple[str, ...] | frozenset[str] = ()) -> tuple[str, ...]:
+def masked_extensions(
+    paths: tuple[str, ...], native: tuple[str, ...] | frozenset[str] = ()
+) -> tuple[str, ...]:
     """Every extension module under `paths` (a world's mounted packages) but those of the packages named in
     `native` (envs.worlds.preload.NATIVE): mounted over with /dev/null in the jail."""
     out = []

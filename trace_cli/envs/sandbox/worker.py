@@ -189,7 +189,9 @@ class SandboxWorker:
                     fd,
                     (str(self.module_path), *world_paths),
                     work_bytes=self.limits.work_mb << 20,
-                    extra_masked=jail.masked_extensions(world_paths, preload.NATIVE.get(world, ())) if world_paths else (),
+                    extra_masked=jail.masked_extensions(world_paths, preload.NATIVE.get(world, ()))
+                    if world_paths
+                    else (),
                 ),
                 *child,
             ]

