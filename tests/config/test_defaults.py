@@ -61,6 +61,8 @@ NOT_THE_KEY = {
     # rollout cap (`max_turns` of eval/synthesize/train/compose, enforced by `envs.rollout`)
     "envs/shop/env.py:ShopEnv.__init__:max_turns": "the shop environment's own step cap (an environment parameter)",
     "envs/shop/env.py:ShopMixedEnv.__init__:max_turns": "the mixed shop's own step cap (an environment parameter)",
+    "envs/ladder/__init__.py:ShopLadderEnv.__init__:max_turns": "the ladder's own turn cap (an environment parameter)",
+    "envs/ladder/__init__.py:ShopLadderEnv.demonstration:deficits": "an episode's deficits (none: the reference)",
     "envs/synthetic/base.py:SyntheticEnv.__init__:max_turns": "a template's own step cap (an environment parameter)",
 }
 
