@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from trace_cli.envs.worlds.user import _ANNOUNCE, _ANYTHING_ELSE, _ASKS, _CONFIRM
 from trace_cli.errors import UsageError
 
 STOP, TRANSFER, OUT_OF_SCOPE = "###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###"
@@ -82,20 +83,9 @@ def _strip_thinking(text: str) -> str:
 
 
 # -- the scripted user ------------------------------------------------------------------------------------
-_ASKS = re.compile(
-    r"\?|\b(please|kindly) (provide|confirm|share|tell|let me know|give)\b|\blet me know\b", re.I
-)
-_ANYTHING_ELSE = re.compile(r"\banything else\b|\bany other\b", re.I)
+# the shop's scripted-user rules (envs/worlds/user.py), with a phone number as one more identity question
 _IDENTITY = re.compile(
     r"\b(e-?mail|zip|postal|name|user ?id|identify|identity|verify|authenticat\w*|phone)\b", re.I
-)
-_CONFIRM = re.compile(
-    r"\b(confirm\w*|proceed|go ahead|shall i|should i|do you want|would you like|"
-    r"yes or no|yes/no|is that (right|correct|ok))\b",
-    re.I,
-)
-_ANNOUNCE = re.compile(
-    r"\b(let me|one moment|just a moment|i will|i'll|i am going to|please wait|hold on)\b", re.I
 )
 
 # second person -> first person, longest first; case kept for a leading capital
