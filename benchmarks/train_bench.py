@@ -490,12 +490,15 @@ def grpo_worker(spec: dict[str, Any]) -> dict[str, Any]:
 
     rollout_mod.rollout = timed  # grpo.py imports it when its rollout_func is built
     cfg = method_config({"method": "grpo", "env": "shop", "model": spec["model"], **spec["settings"]})
+    # a tree from before GRPOSpec carried episodes_per_step computes it itself
+    per_step = {"episodes_per_step": cfg["per_device_batch_size"] * cfg["gradient_accumulation_steps"]}
     g = GRPOSpec.from_config(
         cfg,
         model_path=spec["model"],
         make_env=lambda: make_env("shop"),
         seeds=list(range(spec["seed_lo"], spec["seed_lo"] + 1000)),
         output_dir=spec["out"],
+        **(per_step if "episodes_per_step" in GRPOSpec.__dataclass_fields__ else {}),
     )
     res = train_grpo(g)
     hist = [h for h in res.log_history if "reward" in h]

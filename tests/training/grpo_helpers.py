@@ -128,10 +128,12 @@ def grpo_spec(model_dir: Path, output_dir: Path, seeds: list[int], keep_model: b
     from trace_cli.envs.registry import make_env
     from trace_cli.stages.train import _method_config
     from trace_cli.training.grpo import GRPOSpec
+    from trace_cli.training.grpo_spec import episodes_per_step
 
     cfg = _method_config({"method": "grpo", "env": TEST_ENV, "model": str(model_dir), **settings})
     return GRPOSpec.from_config(
         cfg,
+        episodes_per_step=episodes_per_step(cfg, 1),
         model_path=str(model_dir),
         make_env=lambda: make_env(TEST_ENV),
         seeds=seeds,

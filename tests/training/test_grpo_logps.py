@@ -1,5 +1,5 @@
 """GRPO's per-group log-probabilities (`shared_prompt_logps`): the same numbers and LoRA gradients as a plain
-padded forward of every row, with each group's prompt run once; group-wise shuffling keeps groups together; the
+padded forward of every row, with each group's prompt run once; the
 rollout's first-turn prefill runs once per group."""
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 from grpo_helpers import set_env, tiny_model
 
-from trace_cli.training.grpo_trainer import shuffle_groups
 from trace_cli.training.logps import shared_prompt_logps
 
 UNCUT = {"top_p": 1.0, "top_k": 0, "seed": 0}  # TokenPolicy sampling with no top-p/top-k cut
@@ -106,39 +105,6 @@ def test_nothing_scored_still_reaches_the_lora_as_zero(lora_model):
     got.sum().backward()
     assert all(float(g.abs().sum()) == 0 for g in _lora_grads(model).values())
     model.zero_grad()
-
-
-def test_shuffle_groups_keeps_each_group_together_in_order():
-    import torch
-
-    prompts = torch.tensor([[0, 1, 2], [0, 3, 4], [0, 1, 2], [0, 3, 4], [9, 9, 9], [0, 1, 2]])
-    mask = torch.tensor([[0, 1, 1], [0, 1, 1], [0, 1, 1], [0, 1, 1], [1, 1, 1], [0, 1, 1]])
-    batch = {
-        "prompt_ids": prompts,
-        "prompt_mask": mask,
-        "row": torch.arange(6),
-        "names": list("abcdef"),
-        "num_items_in_batch": torch.tensor(7),
-        "old": None,
-    }
-    seen = set()
-    for seed in range(8):
-        torch.manual_seed(seed)
-        out = shuffle_groups(batch)
-        rows = out["row"].tolist()
-        assert sorted(rows) == list(range(6))
-        assert out["names"] == [batch["names"][r] for r in rows]
-        assert int(out["num_items_in_batch"]) == 7 and out["old"] is None
-        blocks = [[0, 2, 5], [1, 3], [4]]
-        order = []
-        i = 0
-        while i < len(rows):
-            b = next(b for b in blocks if b[0] == rows[i])
-            assert rows[i : i + len(b)] == b  # contiguous, in their original order
-            order.append(b[0])
-            i += len(b)
-        seen.add(tuple(order))
-    assert len(seen) > 1  # groups are shuffled
 
 
 def test_group_first_turn_prefill_runs_once(tmp_path_factory):

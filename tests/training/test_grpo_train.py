@@ -50,7 +50,7 @@ def test_only_lora_parameters_train(trained):
 def test_one_metrics_row_per_optimizer_step(trained):
     spec, result, _ = trained
     assert result.global_step == spec.max_steps
-    rows = metrics_rows(result.log_history, lambda s: rollouts_after(spec, 1, s))
+    rows = metrics_rows(result.log_history, lambda s: rollouts_after(spec, s))
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert rows[-1]["rollouts"] == 3 * 8 and all(r["episodes"] == 8 for r in rows)
     for r in rows:
@@ -85,5 +85,5 @@ def test_kl_is_logged_with_beta(tmp_path, tmp_path_factory):
     run = {"max_steps": 1, "beta": 0.04, "checkpoint_every": 0}
     model = tiny_model(tmp_path_factory)
     spec = grpo_spec(model, tmp_path / "ckpt", list(range(10)), lora=lora, **batch, **episode, **run)
-    rows = metrics_rows(train_grpo(spec).log_history, lambda s: rollouts_after(spec, 1, s))
+    rows = metrics_rows(train_grpo(spec).log_history, lambda s: rollouts_after(spec, s))
     assert len(rows) == 1 and rows[0]["kl"] is not None and rows[0]["kl"] >= 0

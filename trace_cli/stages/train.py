@@ -21,25 +21,21 @@ capability its tasks train, run one by one by stages.base.execute_each (`trace t
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from trace_cli.config.schemas import load_schema
-from trace_cli.errors import CheckFailed, UsageError, a
+from trace_cli.errors import UsageError, a
 from trace_cli.stages.base import Prepared, apply_defaults, checked_config
 from trace_cli.store import Artifact, Store
-from trace_cli.store.tables import GRPO_METRICS, SFT_METRICS
+from trace_cli.store.tables import SFT_METRICS
 
 NAME = "train"
 # Every output a train step can have (recipes validate `${steps.X.outputs.NAME}` against this); one
 # invocation produces one of them: `model` for sft, `adapter` for grpo (Prepared.outputs).
 OUTPUTS = {"model": "model", "adapter": "adapter"}
 METHOD_OUTPUTS = {"sft": {"model": "model"}, "grpo": {"adapter": "adapter"}}
-ADAPTER_DIR = "adapter"
-RESOLVED_CONFIG_FILE = "train_config.json"
 # how often we checkpoint, and where live metrics go, do not change what is trained
 # (snapshot_steps: the snapshots are artifacts of their own; the final adapter is the same with or without them)
 NOT_IN_ID = ("checkpoint_every", "report_to", "logging_dir", "snapshot_steps")
@@ -158,11 +154,14 @@ def _base_model(cfg: dict[str, Any], store: Store, expected: str):
     return model
 
 
-def _prepared(cfg: dict[str, Any], id_config: dict[str, Any], model, store: Store) -> Prepared:
-    """The invocation's id from its config (the model and environment by their digests) and its inputs."""
+def _prepared(
+    cfg: dict[str, Any], id_config: dict[str, Any], model, store: Store, env_id: dict[str, Any] | None = None
+) -> Prepared:
+    """The invocation's id from its config (the model and environment by their digests) and its inputs
+    (`env_id`: the environment's identity, when the caller has it already)."""
     from trace_cli.envs.refs import env_identity
 
-    env_id = env_identity(cfg["env"], store=store)
+    env_id = env_id or env_identity(cfg["env"], store=store)
     id_config = {**id_config, "model": model.digest, "env": env_id["id"]}
     inputs = [model.as_input("model")] + env_id["inputs"]
     return Prepared(NAME, cfg, id_config, inputs, dict(METHOD_OUTPUTS[cfg["method"]])).finalize()
@@ -274,6 +273,7 @@ def _env_train_seeds(env_ref: Any, store: Store) -> str | None:
 def _prepare_grpo(cfg: dict[str, Any], store: Store) -> Prepared:
     """Resolve and check everything a GRPO run needs before any compute (training/checks.py grpo_preflight)."""
     from trace_cli.config.seeds import parse_seeds
+    from trace_cli.envs.refs import env_identity
     from trace_cli.envs.registry import make_env
     from trace_cli.training.checks import check_report_to, grpo_preflight
 
@@ -292,8 +292,18 @@ def _prepare_grpo(cfg: dict[str, Any], store: Store) -> Prepared:
     id_config = {k: v for k, v in cfg.items() if k not in NOT_IN_ID and k != "rollout"}
     if rollout:  # the engine samples the episodes; the default (hf) leaves ids as they were
         id_config["rollout"] = rollout
-    p = _prepared(cfg, id_config, model, store)
-    p.extra.update(model=model, seeds=seeds, resume=resume, capability=capability, **checked)
+    env_id = env_identity(cfg["env"], store=store)
+    p = _prepared(cfg, id_config, model, store, env_id)
+    # a snapshot after N steps is stored as what the same config with max_steps N trains (its id)
+    snapshots = {
+        n: _prepared(
+            {**cfg, "max_steps": n, "snapshot_steps": []}, {**id_config, "max_steps": n}, model, store, env_id
+        )
+        for n in sorted(cfg.get("snapshot_steps") or [])
+    }
+    p.extra.update(
+        model=model, seeds=seeds, resume=resume, capability=capability, snapshots=snapshots, **checked
+    )
     return p
 
 
@@ -324,160 +334,81 @@ def _env_capability(env: Any, seed: int) -> str | None:
 def _run_grpo(
     prepared: Prepared, store: Store, *, name=None, overrides=None, replace=False
 ) -> dict[str, Artifact]:
+    """One run (training.grpo_run.run_grpo), its snapshots and its adapter stored by rank 0; every other rank
+    returns the artifact rank 0 stored."""
     from trace_cli.envs.registry import make_env
-    from trace_cli.training import checks
     from trace_cli.training.calibration_replay import calibration_replay
-    from trace_cli.training.checkpoints import WorkDir
-    from trace_cli.training.dist import process_group
-    from trace_cli.training.grpo import GRPOSpec, train_grpo
-    from trace_cli.training.metrics import metrics_rows, progress_line, rollouts_after
+    from trace_cli.training.dist import is_main_process, world_size
+    from trace_cli.training.grpo_run import GRPORun, run_grpo
+    from trace_cli.training.metrics import progress_line
 
-    cfg, ref = prepared.config, prepared.extra["model"]
-    group = process_group()
-    main, world = group.is_main_process, group.num_processes
-    work = WorkDir(store.tmp_root, prepared.id, main=main)
+    cfg, ref, extra = prepared.config, prepared.extra["model"], prepared.extra
+    main = is_main_process()
     if main:
         store.ensure()
-    resume_from = work.claim(
-        resume=prepared.extra["resume"],
-        marker={"id": prepared.id, "kind": "adapter", "stage": NAME, "pid": os.getpid(), "world_size": world},
-        barrier=group.wait_for_everyone,
-    )
-    env_ref = cfg["env"]
-    replay, why_not = calibration_replay(cfg, ref, store, world)
+    replay, why_not = calibration_replay(cfg, ref, store, world_size(), extra["episodes_per_step"])
     if why_not and main:
         print(f"train: not reusing calibration rollouts: {why_not}", file=sys.stderr)
-    spec = GRPOSpec.from_config(
-        cfg,
-        replay=replay,
-        model_path=str(ref.path),
+    env_ref = cfg["env"]
+    run = GRPORun(
+        config=cfg,
+        run_id=prepared.id,
+        model_path=ref.path,
         make_env=lambda: make_env(env_ref, store=store),
-        seeds=prepared.extra["seeds"],
-        output_dir=str(work.checkpoints),
+        seeds=extra["seeds"],
+        work_root=store.tmp_root,
+        episodes_per_step=extra["episodes_per_step"],
         logging_dir=cfg["logging_dir"] or str(store.root / "logs" / "train" / prepared.id),
-        resume_from=str(resume_from) if resume_from else None,
-        log=_to_stderr(lambda m: progress_line(m, cfg["max_steps"])) if main else None,
+        resume=extra["resume"],
+        replay=replay,
+        log=_to_stderr(lambda m: progress_line(m, cfg["max_steps"])),
+        marker={"kind": "adapter", "stage": NAME},
     )
-    result = train_grpo(spec)
-    rows = metrics_rows(result.log_history, lambda s: rollouts_after(spec, world, s))
-    if main:
-        failed = (
-            checks.nothing_learned(rows, result.last_dir or result.adapter_dir)
-            if cfg["require_learning"]
-            else None
-        )
-        if failed:
-            work.remove()
-            raise CheckFailed(f"grpo: {failed}; no adapter stored")
-        snapshots = _publish_snapshots(prepared, store, spec, rows, result, world)
-        with prepared.writer(store, "adapter", name=name, overrides=overrides, replace=replace) as w:
-            _write_adapter(w, prepared, ref, spec, rows, result, world, result.adapter_dir)
-            if snapshots:
-                w.summary["snapshots"] = snapshots
-        art = w.artifact
-    group.wait_for_everyone()
-    if main:
-        work.remove()
-    else:
-        art = store.get("adapter", prepared.id)
-    return {"adapter": art}
+    with run_grpo(run) as done:
+        if done.main:
+            snapshots = _store_snapshots(prepared, store, done)
+            with prepared.writer(store, "adapter", name=name, overrides=overrides, replace=replace) as w:
+                _write_adapter(w, prepared.config, prepared.extra, done)
+                if snapshots:
+                    w.summary["snapshots"] = snapshots
+            art = w.artifact
+    return {"adapter": art if done.main else store.get("adapter", prepared.id)}
 
 
-def _write_adapter(w, prepared: Prepared, ref, spec, rows, result, world: int, adapter_dir) -> None:
-    """An adapter artifact's files: the PEFT adapter with the base's tokenizer, the per-step metrics, the
-    resolved settings, and the summary."""
-    from trace_cli.training import checks
-    from trace_cli.training.checkpoints import copy_adapter
-    from trace_cli.training.episode_log import EPISODES_DIR, collect
-    from trace_cli.training.metrics import rollouts_after
-
-    copy_adapter(adapter_dir, w.path / ADAPTER_DIR)
-    kept = collect(os.path.join(spec.output_dir, EPISODES_DIR), w.path, max_step=result.global_step)
-    checks.save_tokenizer(ref.path, w.path / ADAPTER_DIR)
-    GRPO_METRICS.write(rows, w.path)
-    resolved = {
-        k: v
-        for k, v in vars(spec).items()
-        if k not in ("make_env", "log", "output_dir", "resume_from", "snapshot_steps", "replay")
-    }
-    per_step = rollouts_after(spec, world, 1)
-    resolved.update(
-        max_steps=prepared.config["max_steps"],
-        world_size=world,
-        episodes_per_step=per_step,
-        seeds_per_step=per_step // spec.num_generations,
-        env=prepared.config["env"],
-        capability=prepared.extra["capability"],
+def _write_adapter(w, cfg: Mapping[str, Any], extra: Mapping[str, Any], done) -> None:
+    """An adapter artifact: the run's files (training.grpo_run.GRPOOutcome.write) and its summary (`cfg`: the
+    artifact's config; `extra`: what the run's preparation resolved)."""
+    ref, capability = extra["model"], extra["capability"]
+    kept = done.write(w.path, {"max_steps": cfg["max_steps"], "env": cfg["env"], "capability": capability})
+    w.summary.update(
+        {
+            "method": "grpo",
+            "capability": capability,
+            "env": cfg["env"],
+            "base_model": cfg["model"],
+            "base_model_uri": f"store://model/{ref.artifact_id}" if ref.artifact_id else None,
+            "base_model_path": str(ref.path),
+            **done.summary(),
+            "prompt_tokens_max": extra.get("prompt_tokens"),
+            "context": extra.get("context"),
+        },
+        training_episodes=kept,
     )
-    (w.path / RESOLVED_CONFIG_FILE).write_text(
-        json.dumps(resolved, indent=2, sort_keys=True, default=str) + "\n"
-    )
-    w.summary.update(_grpo_summary(prepared, ref, rows, result, world), training_episodes=kept)
 
 
-def _publish_snapshots(prepared: Prepared, store: Store, spec, rows, result, world: int) -> dict[str, str]:
-    """One adapter artifact per `snapshot_steps` entry: the adapter after N steps, stored as what the same
-    config with max_steps N trains (its id, its first N metric rows). Returns {N: uri}; one already in the store
-    is kept as it is."""
-    import dataclasses
-
-    from trace_cli.training.grpo import snapshot_dir
-    from trace_cli.training.validation import validation_until
-
+def _store_snapshots(prepared: Prepared, store: Store, done) -> dict[str, str]:
+    """One adapter artifact per `snapshot_steps` entry: the adapter after N steps, stored as what the same config
+    with max_steps N trains (its id, prepared with the run's: prepared.extra["snapshots"]), its first N metric
+    rows. Returns {N: uri}; one already in the store is kept as it is."""
     out: dict[str, str] = {}
-    for n in sorted(prepared.config.get("snapshot_steps") or []):
-        d = snapshot_dir(spec.output_dir, n)
-        if not d.is_dir():  # training stopped before it (resumed past it without the snapshot): say so
-            print(f"train: no snapshot at step {n} in {d}", file=sys.stderr)
+    for n, snap in prepared.extra["snapshots"].items():
+        at = done.at(n)
+        if at is None:  # training stopped before it (resumed past it without the snapshot): say so
+            print(f"train: no snapshot at step {n} of {done.steps}", file=sys.stderr)
             continue
-        snap = prepare({**prepared.config, "max_steps": n, "snapshot_steps": []}, store)
         if not store.exists("adapter", snap.id):
-            part = [r for r in rows if r["step"] <= n]
-            frac = n / max(1, result.global_step)
-            per_replayed = result.replayed_episodes // max(1, result.replayed_steps)
-            res = dataclasses.replace(
-                result,
-                global_step=min(n, result.global_step),
-                validation=validation_until(result.validation, n),
-                train_runtime_s=result.train_runtime_s * frac,
-                train_cpu_s=result.train_cpu_s * frac,
-                replayed_steps=min(result.replayed_steps, n),
-                replayed_episodes=min(result.replayed_steps, n) * per_replayed,
-            )
             with snap.writer(store, "adapter") as w:
-                _write_adapter(w, snap, prepared.extra["model"], spec, part, res, world, d)
+                _write_adapter(w, snap.config, prepared.extra, at)
                 w.summary["snapshot_of"] = prepared.id
         out[str(n)] = f"store://adapter/{snap.id}"
     return out
-
-
-def _grpo_summary(prepared: Prepared, ref, rows: list[dict[str, Any]], result, world: int) -> dict[str, Any]:
-    from trace_cli.training.metrics import learning_summary
-
-    cfg = prepared.config
-    return {
-        "method": "grpo",
-        "capability": prepared.extra["capability"],
-        "env": cfg["env"],
-        "base_model": cfg["model"],
-        "base_model_uri": f"store://model/{ref.artifact_id}" if ref.artifact_id else None,
-        "base_model_path": str(ref.path),
-        "steps": result.global_step,
-        "num_generations": cfg["num_generations"],
-        "world_size": world,
-        **learning_summary(rows),
-        "train_s": round(result.train_runtime_s, 3),
-        "train_cpu_s": round(result.train_cpu_s, 3),
-        "resumed_from_step": result.resumed_from_step,
-        "trainable_parameters": result.trainable_parameters,
-        "parameters": result.total_parameters,
-        "lora_r": cfg["lora"]["r"],
-        "lora_alpha": cfg["lora"]["alpha"],
-        "prompt_tokens_max": prepared.extra.get("prompt_tokens"),
-        "context": prepared.extra.get("context"),
-        # rollouts this run did not generate: its first steps took the environment's calibration episodes
-        "reused_calibration_steps": result.replayed_steps,
-        "reused_calibration_episodes": result.replayed_episodes,
-        "validation": result.validation,  # early stopping: evaluations, best step, episodes to charge
-        "rollout": result.rollout,  # the engine, and with a server the adapter version loaded per step
-    }

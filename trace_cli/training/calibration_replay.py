@@ -11,9 +11,12 @@ from trace_cli.errors import UsageError
 from trace_cli.store import Store
 
 
-def calibration_replay(cfg, ref, store: Store, world: int) -> tuple[list[dict[str, Any]], str | None]:
+def calibration_replay(
+    cfg, ref, store: Store, world: int, per_step: int
+) -> tuple[list[dict[str, Any]], str | None]:
     """The calibration episodes the first `reuse_calibration` steps take instead of new rollouts (whole groups of
-    num_generations episodes of one seed, as many as those steps use), and why none are when none are."""
+    num_generations episodes of one seed, `per_step` episodes a step, as many as those steps use), and why none
+    are when none are."""
     from trace_cli.envs.artifact import read_calibration_rollouts
     from trace_cli.errors import NotFoundError
 
@@ -41,7 +44,6 @@ def calibration_replay(cfg, ref, store: Store, world: int) -> tuple[list[dict[st
     if world > 1:
         return [], "several processes (each would take the same episodes)"
     g = cfg["num_generations"]
-    per_step = cfg["per_device_batch_size"] * cfg["gradient_accumulation_steps"]
     by_seed: dict[int, list[dict[str, Any]]] = {}
     for r in read_calibration_rollouts(art):
         by_seed.setdefault(r["seed"], []).append(r)

@@ -90,11 +90,12 @@ def grpo_preflight(cfg: dict[str, Any], seeds: list[int], env, model, store) -> 
     (of a few seeds) with the episode budget within the model's context. Returns the prompt length and context
     for the summary."""
     from trace_cli.training.dist import world_size
+    from trace_cli.training.grpo_spec import episodes_per_step
     from trace_cli.training.validation import check_validation
 
     world = world_size()
     g = cfg["num_generations"]
-    per_step = cfg["per_device_batch_size"] * world * cfg["gradient_accumulation_steps"]
+    per_step = episodes_per_step(cfg, world)
     if per_step % g:
         raise UsageError(
             f"batch: per_device_batch_size ({cfg['per_device_batch_size']}) x processes ({world}) x "
@@ -132,7 +133,7 @@ def grpo_preflight(cfg: dict[str, Any], seeds: list[int], env, model, store) -> 
             f"than the model's context ({ctx})",
             hint=f"--set max_completion_length={room}" if room > 0 else "use a model with a longer context",
         )
-    return {"prompt_tokens": longest, "context": ctx}
+    return {"prompt_tokens": longest, "context": ctx, "episodes_per_step": per_step}
 
 
 def _check_devices(cfg: dict[str, Any]) -> None:

@@ -16,9 +16,10 @@ Tokens: the sequence we train on is exactly the one the model conditioned on. Ro
 why re-rendering would not do); `token_history.episode_sequence` turns its per-turn records into `completion_ids`
 = everything after the initial prompt, with `env_mask` 1 on generated tokens and 0 on environment tokens.
 
-The run is split by concern: `grpo_spec` (settings and result), `grpo_rollout` (rollout_func, reward_func and
-the seed markers: what passes between our environments and TRL), `grpo_trainer` (the TRL subclass), `logps` (the
-log-probability numerics); this module builds and runs the trainer.
+The run is split by concern: `grpo_run` (the entry point the stage calls: work dir, trainer, metrics, the
+adapter's files), `grpo_spec` (settings and result), `grpo_rollout` (rollout_func, reward_func and the seed
+markers: what passes between our environments and TRL), `grpo_trainer` (the TRL subclass, its hooks), `logps`
+(the log-probability numerics); this module builds and runs the trainer.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from trace_cli.training import lora_config
 from trace_cli.training.checkpoints import checkpoint_step
 from trace_cli.training.grpo_rollout import make_reward_func, make_rollout_func, seed_prompt
 from trace_cli.training.grpo_spec import GRPOResult, GRPOSpec
-from trace_cli.training.grpo_trainer import trainer_class
 
 __all__ = ["GRPOResult", "GRPOSpec", "snapshot_dir", "train_grpo"]
 
@@ -110,6 +110,7 @@ def train_grpo(spec: GRPOSpec) -> GRPOResult:
     from transformers.utils import logging as hf_logging
 
     from trace_cli.models import device
+    from trace_cli.training.grpo_trainer import TraceGRPOTrainer  # imports trl
 
     warnings.filterwarnings(
         "ignore", message=r".*(gradient_checkpointing|is_gradient_checkpointing).*deprecated"
@@ -131,11 +132,10 @@ def train_grpo(spec: GRPOSpec) -> GRPOResult:
 
     run_engine = RunEngine(spec)  # hf, vllm (TRL's colocated engine) or a server kept on-policy
     callbacks = _callbacks(spec, tok, max_context, run_engine, holder)
-    cls = trainer_class()
     with _tensorboard_dir(spec.logging_dir if spec.report_to == "tensorboard" else None):
-        trainer = cls(
+        trainer = TraceGRPOTrainer(
             model=model,
-            reward_funcs=[make_reward_func(holder)],
+            reward_funcs=[make_reward_func()],
             args=args,
             train_dataset=dataset,
             processing_class=tok,
@@ -143,7 +143,6 @@ def train_grpo(spec: GRPOSpec) -> GRPOResult:
             rollout_func=make_rollout_func(spec, tok, max_context, stats, run_engine),
             callbacks=callbacks,
         )
-    trainer.drop_constant_groups = spec.drop_constant_groups
     # the Trainer's printer/progress callbacks write every log dict to stdout (tqdm.write); stdout is for
     # results (`--json`), and the stage prints one line per step to stderr instead
     trainer.remove_callback(PrinterCallback)

@@ -1,6 +1,7 @@
 """The side channel between our environments and TRL: `rollout_func` (one episode of the shared rollout loop per
-prompt, or pre-generated ones replayed) returns token sequences and the episodes' outcomes as columns, and
-`reward_func` hands the environment's reward to TRL and to the trainer (which drops constant-reward groups).
+prompt, or pre-generated ones replayed) returns token sequences and the episodes' outcomes as columns, with the
+episodes of constant-reward groups masked out of the loss (`mask_constant_groups`), and `reward_func` hands the
+environment's reward to TRL.
 
 Seeds: TRL hands `rollout_func` only the prompts (already repeated `num_generations` times by its
 `RepeatSampler`), not the dataset rows. Each dataset row is one seed, and its `prompt` is the marker
@@ -55,6 +56,14 @@ def make_rollout_func(spec: GRPOSpec, tokenizer, max_context: int, state: dict[s
         return rollout_columns(eps, outcomes, logprobs=False)
 
     def rollout_func(prompts: list, trainer) -> dict[str, list]:
+        columns = episodes(prompts, trainer)
+        if spec.drop_constant_groups:
+            columns["env_mask"] = mask_constant_groups(
+                columns["env_mask"], columns["env_reward"], spec.num_generations, trainer.accelerator
+            )
+        return columns
+
+    def episodes(prompts: list, trainer) -> dict[str, list]:
         from trl.models.utils import unwrap_model_for_generation
 
         if replay and not spec.use_vllm:
@@ -108,6 +117,27 @@ def make_rollout_func(spec: GRPOSpec, tokenizer, max_context: int, state: dict[s
         return rollout_columns(seqs, outcomes, logprobs=spec.use_vllm)
 
     return rollout_func
+
+
+def mask_constant_groups(
+    env_mask: list[list[int]], rewards: list[float], num_generations: int, accelerator
+) -> list[list[int]]:
+    """`env_mask` with the episodes of constant-reward groups zeroed: they carry no signal (zero advantage), and
+    TRL takes the loss mask's tokens as the loss normaliser (dapo: `num_items_in_batch`), so they would dilute
+    the groups that do (ARCHITECTURE.md, "The method": "groups with constant reward dropped"). A group's episodes
+    can sit on several processes: every process gathers the rewards of all (in rank order, as TRL does) and masks
+    its own. When every group is constant, nothing is masked (the loss is zero either way at beta 0; TRL's
+    normaliser would divide by zero)."""
+    import torch
+
+    local = torch.tensor([float(r) for r in rewards], dtype=torch.float32, device=accelerator.device)
+    groups = accelerator.gather(local).view(-1, num_generations)
+    const = groups.max(dim=1).values == groups.min(dim=1).values
+    if bool(const.all()):
+        return env_mask
+    rows = const.repeat_interleave(num_generations).tolist()
+    mine = rows[accelerator.process_index * len(rewards) : (accelerator.process_index + 1) * len(rewards)]
+    return [[0] * len(m) if drop else list(m) for m, drop in zip(env_mask, mine, strict=True)]
 
 
 def group_episodes(policy, make_env, seeds: list[int], hints: int, **kw) -> tuple[list, list[dict[str, Any]]]:
@@ -167,24 +197,30 @@ def rollout_columns(
         "env_success": [float(ok) for _, ok, _, _ in outcomes],
         "env_turns": [float(n) for _, _, n, _ in outcomes],
         "env_max_length": [float(t == "max_length") for _, _, _, t in outcomes],
+        # the tokens the model generated (TRL counts its length metrics on env_mask, which
+        # mask_constant_groups zeroes for the groups out of the loss)
+        "env_model_tokens": [float(sum(s["env_mask"])) for s in seqs],
     }
 
 
-def make_reward_func(holder: dict[str, Any]):
+# metric logged by the reward function -> the rollout_func column it averages
+REWARD_METRICS = {
+    "success": "env_success",
+    "turns": "env_turns",
+    "max_length_frac": "env_max_length",
+    "model_tokens": "env_model_tokens",
+}
+
+
+def make_reward_func():
     """The environment's graded final reward (`env.verify()`), passed through from rollout_func; TRL passes the
-    other columns rollout_func returned (success, turns, max_length) by name, and they are logged as metrics."""
+    other columns rollout_func returned (success, turns, max_length, model tokens) by name, and they are logged
+    as metrics (REWARD_METRICS)."""
 
     def env_reward(env_reward, log_metric=None, **columns) -> list[float]:
         rewards = [float(r) for r in env_reward]
-        trainer = holder.get("trainer")
-        if trainer is not None:
-            trainer._last_rewards = rewards
         if log_metric is not None:
-            for name, column in (
-                ("success", "env_success"),
-                ("turns", "env_turns"),
-                ("max_length_frac", "env_max_length"),
-            ):
+            for name, column in REWARD_METRICS.items():
                 vals = columns.get(column)
                 if vals:
                     log_metric(name, sum(vals) / len(vals))

@@ -12,6 +12,13 @@ from trace_cli.config.sampling import SamplingSettings
 from trace_cli.training import from_config
 
 
+def episodes_per_step(config: Mapping[str, Any], world: int) -> int:
+    """Completions per optimizer step, all processes together: TRL's per_device_train_batch_size counts
+    completions, and one generation batch of `gradient_accumulation_steps` micro-batches makes one step. The one
+    place this is computed (the preflight checks it; the run and its metrics read it from the spec)."""
+    return int(config["per_device_batch_size"]) * int(world) * int(config["gradient_accumulation_steps"])
+
+
 @dataclass
 class GRPOSpec:
     """Everything one GRPO run needs: the objects the stage resolved (no store or click objects), and the
@@ -55,6 +62,7 @@ class GRPOSpec:
     logging_dir: str | None  # tensorboard event files (the stage resolves null to STORE/logs/train/ID)
     episodes_kept: int  # at most this many training episodes kept under output_dir/episodes (`episode_log`)
     snapshot_steps: Sequence[int]  # also save the adapter after these steps: output_dir/snapshots/step-N
+    episodes_per_step: int  # completions per optimizer step, all processes together (`episodes_per_step`)
     # early stopping (training.validation): seeds, every, patience, min_delta
     validation: Mapping[str, Any] | None
     resume_from: str | None = None
@@ -73,7 +81,8 @@ class GRPOSpec:
     @classmethod
     def from_config(cls, config: Mapping[str, Any], **run: Any) -> GRPOSpec:
         """The spec of a validated grpo `train` config (its defaults filled from the schema) and the run's own
-        objects: model_path, make_env, seeds (parsed), output_dir, and optionally resume_from, log, keep_model."""
+        objects: model_path, make_env, seeds (parsed), output_dir, episodes_per_step, and optionally resume_from,
+        log, keep_model."""
         return from_config(cls, config, **run)
 
 

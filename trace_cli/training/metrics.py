@@ -14,22 +14,20 @@ from typing import Any
 from trace_cli.store.tables import GRPO_METRICS
 
 # column -> TRL log key, where the two differ
-TRL_KEYS = {"completion_length": "completions/mean_length", "clipped_ratio": "completions/clipped_ratio"}
+# (completion_length: the model's tokens per episode, logged by the reward function: TRL's own length metric
+# counts the loss mask, which is zero for the constant-reward groups kept out of the loss)
+TRL_KEYS = {"completion_length": "model_tokens", "clipped_ratio": "completions/clipped_ratio"}
 METRIC_COLUMNS: list[tuple[str, str]] = [  # (parquet column, TRL log key)
     (name, TRL_KEYS.get(name, name)) for name, kind in GRPO_METRICS.fields if kind == "float64"
 ]
 SUMMARY_STEPS = 5  # reward/success "first" and "last" average this many steps
 
 
-def episodes_per_generation(spec, world: int) -> int:
-    """Episodes in one generation batch, all ranks together (= completions per optimizer step)."""
-    return spec.per_device_batch_size * world * spec.gradient_accumulation_steps
-
-
-def rollouts_after(spec, world: int, steps: int) -> int:
+def rollouts_after(spec, steps: int) -> int:
     """Episodes generated to reach optimizer step `steps` of a run with `spec` (a GRPOSpec): one generation
-    batch every `num_iterations` steps (TRL reuses a batch for num_iterations optimizer steps)."""
-    return math.ceil(steps / spec.num_iterations) * episodes_per_generation(spec, world)
+    batch of `spec.episodes_per_step` every `num_iterations` steps (TRL reuses a batch for num_iterations
+    optimizer steps)."""
+    return math.ceil(steps / spec.num_iterations) * spec.episodes_per_step
 
 
 def metrics_rows(history: list[dict[str, Any]], rollouts_at: Callable[[int], int]) -> list[dict[str, Any]]:
@@ -82,5 +80,5 @@ def progress_line(logs: dict[str, Any], max_steps: int) -> str:
     return (
         f"step {logs['step']:>4}/{max_steps}  reward {_fmt(logs.get('reward'))} ± {_fmt(logs.get('reward_std'))}"
         f"  success {_fmt(logs.get('success'), '.2f')}  const groups {_fmt(logs.get('frac_reward_zero_std'), '.2f')}"
-        f"  len {_fmt(logs.get('completions/mean_length'), '.0f')}  lr {_fmt(logs.get('learning_rate'), '.1e')}"
+        f"  len {_fmt(logs.get('model_tokens'), '.0f')}  lr {_fmt(logs.get('learning_rate'), '.1e')}"
     )
