@@ -25,6 +25,9 @@ range (diagnosis and GRPO rollouts, 300000+), never on a test seed (every seed r
 With `--control` (the capacity control, nothing withheld), three gates come first: it reaches >= 0.8 on each
 planted skill's single-skill family (otherwise that skill is a capacity limit of the model, not a deficit).
 
+The planted set is what the base's demonstrations of that target's tasks withheld (`PLANTED_ON`): all three
+skills on shop-ladder; on shop-mixed the refusal and the address copy (its tasks have no by-name return).
+
 A failing gate stops the mechanism test before any test seed and is the reported result. Prints a table and
 writes JSON (each gate: threshold, measured value, pass/fail, details; the base's digest; every artifact's uri;
 the commit): `--out` (default benchmarks/results/mechanism_gates_<target>.json). Resumable: every stage runs in
@@ -50,7 +53,7 @@ from se.freeze import dir_sha256
 from se.measure import Bench
 
 from trace_cli.config.seeds import parse_seeds
-from trace_cli.envs.ladder import PLANTED, SKILLS
+from trace_cli.envs.ladder import PLANTED, PLANTED_ON_MIXED, SKILLS
 from trace_cli.errors import CheckFailed, TraceError
 
 TEST_FLOOR = 700000  # every test range of the sample-efficiency benchmarks starts here (mechanism: 800000+)
@@ -66,6 +69,9 @@ SINGLE_FAMILY = {
         "tool_calling_precision": "shop-mixed-address_update",
     },
 }
+# the skills planted in the base's demonstrations of each target's tasks: on shop-mixed's half of them only
+# refusals and address copies were withheld (its tasks have no by-name return: no lookup deficit to find there)
+PLANTED_ON = {"shop-ladder": list(PLANTED), "shop-mixed": list(PLANTED_ON_MIXED)}
 MIN_DIAGNOSIS_SHARE = 0.8  # of --bootstrap-seeds: 8 of 10
 MIN_LIFT = 0.2
 MIN_CONTROL = 0.8  # the capacity control on each planted skill's single-skill family
@@ -271,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     store = a.store or Path(tempfile.mkdtemp(prefix="mechanism-gates-"))
     b = Bench(store, a.max_new_tokens)
     t0 = time.monotonic()
-    mt, target, planted = MAX_TURNS[a.target], a.target, list(PLANTED)
+    mt, target, planted = MAX_TURNS[a.target], a.target, PLANTED_ON[a.target]
     base_path = Path(a.base) if Path(a.base).is_absolute() else REPO / a.base
     base = b.run("base/import", "model", {"source": str(base_path) if base_path.exists() else a.base})
     base_uri = base.outputs["model"].uri

@@ -49,6 +49,22 @@ def test_the_gates_never_touch_a_test_seed(tmp_path, run_benchmark):
         assert not out.exists()
 
 
+def test_every_planted_skill_of_a_target_has_a_family_to_lift(monkeypatch):
+    """A gate that can only fail is a defect: each skill planted on a target has a single-skill family there (the
+    isolated-adapter gate measures it) and a calibration template; shop-mixed's planted set is its own (no lookup)."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import mechanism_gates as mg
+
+    from trace_cli.envs.ladder import PLANTED
+    from trace_cli.envs.synthetic import TEMPLATES
+
+    assert mg.PLANTED_ON["shop-ladder"] == list(PLANTED)
+    assert set(mg.PLANTED_ON["shop-mixed"]) < set(PLANTED)
+    for target, planted in mg.PLANTED_ON.items():
+        assert all(cap in mg.SINGLE_FAMILY[target] for cap in planted), target
+        assert all(cap in TEMPLATES for cap in planted), target
+
+
 def _gates(path: Path, control: bool = False) -> dict:
     res = json.loads(path.read_text())
     assert res["benchmark"] == "mechanism_gates" and res["commit"] and res["issue"] == 44
