@@ -181,3 +181,48 @@ def test_deficit_rate_between_mixes_deterministically(reference_demos):
 def test_unknown_deficit_is_a_usage_error():
     with pytest.raises(UsageError, match="unknown deficit"):
         demonstrations("shop", DEMO_SEEDS[:2], {"not_a_capability"}, deficit_rate=1.0, seed=0)
+
+
+@pytest.mark.slow
+def test_accelerate_two_processes_train_what_one_does(tiny_model, tmp_path):
+    """`accelerate launch --num_processes 2` on CPU (gloo): each process trains on its half of every batch, the
+    gradients are summed, and rank 0 alone writes; the weights are those of one process on the same batches (the
+    same arithmetic summed in another order: compared with a tolerance), and the loss curve is the same."""
+    import os
+    import subprocess
+
+    import pyarrow.parquet as pq
+    import torch
+    from trace_testing import BIN, REPO
+
+    def cli(*launch: str, store: Path) -> dict:
+        args = ["train", "--method", "sft", "--env", "shop", "--model", str(tiny_model.hf), "--seeds", SEEDS,
+                "--set", "epochs=1", "--set", "batch_size=4", "--set", "learning_rate=0.01",
+                "--store", str(store), "--json"]  # fmt: skip
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRACE_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1"}
+        env.pop("TRACE_STORE", None)
+        r = subprocess.run([*launch, str(BIN / "trace"), *args], env=env, capture_output=True, text=True,
+                           timeout=600, cwd=REPO)  # fmt: skip
+        assert r.returncode == 0, r.stderr[-4000:]
+        return json.loads(r.stdout)  # exactly one JSON document: rank 1 prints nothing
+
+    port = str(29500 + os.getpid() % 500)
+    two = cli(str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+              "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", port,
+              store=tmp_path / "two")  # fmt: skip
+    one = cli(store=tmp_path / "one")
+    assert two["summary"]["world_size"] == 2 and one["summary"]["world_size"] == 1
+    assert two["id"] == one["id"]  # the same training: the same artifact
+    assert [a.id for a in Store(tmp_path / "two").list("model")] == [two["id"]]
+    assert not list((tmp_path / "two" / ".tmp").glob("*")), "no temp dirs are left behind"
+    got = _state(Store(tmp_path / "two").resolve(two["uri"]).path / "hf")
+    want = _state(Store(tmp_path / "one").resolve(one["uri"]).path / "hf")
+    base = _state(tiny_model.hf)
+    moved = max(float((want[k] - base[k]).abs().max()) for k in want)
+    assert moved > 1e-3  # it trained
+    for k in want:  # the same updates: differences are float rounding, far below what training moved
+        assert torch.allclose(got[k], want[k], atol=1e-4, rtol=1e-3), k
+    loss = [pq.read_table(Store(tmp_path / d).resolve(x["uri"]).path / "train_metrics.parquet").column("loss")
+            .to_pylist() for d, x in (("two", two), ("one", one))]  # fmt: skip
+    assert len(loss[0]) == len(loss[1]) >= 3
+    assert all(math.isclose(a, b, rel_tol=1e-3, abs_tol=1e-4) for a, b in zip(*loss, strict=True))

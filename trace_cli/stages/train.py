@@ -206,9 +206,12 @@ def _run_sft(
     from trace_cli.models.importer import context_of, copy_meta
     from trace_cli.models.refs import load_hf
     from trace_cli.training import lora_config
+    from trace_cli.training.dist import process_group
     from trace_cli.training.sft import SFTSettings, demonstrations, fit_examples, progress_line, train_sft
 
     cfg = prepared.config
+    group = process_group()  # under accelerate launch: joins the group (and picks this rank's GPU) first
+    main = group.is_main_process
     model, tok = load_hf(prepared.extra["model"])
     lora = cfg.get("lora") or {}
     if lora.get("enabled"):
@@ -225,7 +228,11 @@ def _run_sft(
     )
     ctx = context_of(model.config)
     examples = fit_examples(tok, demos, cfg["max_length"], ctx, cfg["loss_on"])
-    metrics = train_sft(model, tok, examples, SFTSettings.from_config(cfg), log=_to_stderr(progress_line))
+    log = _to_stderr(progress_line) if main else None
+    metrics = train_sft(model, tok, examples, SFTSettings.from_config(cfg), log=log, group=group)
+    if not main:  # every process trained the same model; rank 0 alone writes it
+        group.wait_for_everyone()
+        return {"model": store.get("model", prepared.id)}
     if lora.get("enabled"):
         model = model.merge_and_unload()
     with prepared.writer(store, "model", name=name, overrides=overrides, replace=replace) as w:
@@ -249,8 +256,10 @@ def _run_sft(
                 "final_loss": sum(m["loss"] for m in last) / max(1, len(last)),
                 "train_s": round(metrics[-1]["elapsed_s"], 1) if metrics else 0.0,
                 "parameters": sum(p.numel() for p in model.parameters()),
+                "world_size": group.num_processes,
             }
         )
+    group.wait_for_everyone()
     return {"model": w.artifact}
 
 

@@ -173,9 +173,10 @@ def pad_batch(rows: list[tuple[list[int], list[int]]], pad: int):
     return ids, att, labels
 
 
-def assistant_loss(model, ids, att, labels):
+def assistant_loss(model, ids, att, labels, reduction: str = "mean"):
     """Next-token cross-entropy on labelled positions only; the LM head runs just there (most tokens are
-    prompt, so this skips most of the vocabulary projection)."""
+    prompt, so this skips most of the vocabulary projection). `reduction` "sum": the tokens' summed loss (data
+    parallel: each process's share, divided by the whole batch's tokens)."""
     import torch.nn.functional as F
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -184,7 +185,62 @@ def assistant_loss(model, ids, att, labels):
     tgt = labels[:, 1:]
     sel = tgt != -100
     logits = base.lm_head(h[:, :-1][sel])
-    return F.cross_entropy(logits.float(), tgt[sel])
+    return F.cross_entropy(logits.float(), tgt[sel], reduction=reduction)
+
+
+class DataParallel:
+    """Data parallelism for SFT under `accelerate launch` / torchrun (several processes; one is a plain run):
+    every process builds the same batches (same seed), trains on its share of each (`share`: rows rank, rank +
+    world, ...), and the gradients are summed over processes in one all-reduce, each process's loss being its
+    tokens' summed loss over the whole batch's tokens, so a step is the single-process step on the same batch
+    (float summation order aside). Parameters start equal (broadcast from rank 0: a fresh LoRA is random), and
+    the time limit is decided together (no process is left waiting in a collective)."""
+
+    def __init__(self, group=None):
+        self.world = int(getattr(group, "num_processes", 1) or 1)
+        self.rank = int(getattr(group, "process_index", 0) or 0)
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1
+
+    def share(self, rows: list[int]) -> list[int]:
+        return rows[self.rank :: self.world]
+
+    def start(self, params) -> None:
+        if self.active:
+            import torch.distributed as dist
+
+            for p in params:
+                dist.broadcast(p.data, src=0)
+
+    def agree(self, labelled: int, tokens: int, stop: bool, device) -> tuple[int, int, bool]:
+        """The whole batch's labelled tokens and tokens, and whether any process wants to stop."""
+        if not self.active:
+            return labelled, tokens, stop
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([float(labelled), float(tokens), float(stop)], dtype=torch.float64, device=device)
+        dist.all_reduce(t)
+        return int(t[0].item()), int(t[1].item()), bool(t[2].item() > 0)
+
+    def reduce_grads(self, params, loss):
+        """Sum every gradient (and the loss, for the log) over processes; returns the summed loss."""
+        if not self.active:
+            return loss
+        import torch
+        import torch.distributed as dist
+
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads] + [loss.detach().reshape(1).to(grads[0].dtype)])
+        dist.all_reduce(flat)
+        k = 0
+        for p, g in zip(params, grads, strict=True):
+            n = g.numel()
+            p.grad = flat[k : k + n].view_as(p).clone()
+            k += n
+        return flat[k]
 
 
 def train_sft(
@@ -193,17 +249,22 @@ def train_sft(
     examples: list[tuple[list[int], list[int]]],
     settings: SFTSettings,
     log: Callable[[dict[str, Any]], None] | None = None,
+    group: Any = None,
 ) -> list[dict[str, Any]]:
-    """AdamW + linear warmup + cosine decay over length-bucketed batches; returns per-step metrics."""
+    """AdamW + linear warmup + cosine decay over length-bucketed batches; returns per-step metrics. `group`: the
+    run's process group (training.dist.process_group) when launched as several processes (`DataParallel`)."""
     import torch
 
     s = settings
+    dp = DataParallel(group)
     batch_size, max_minutes = s.batch_size, s.max_minutes
     torch.manual_seed(s.seed)
     rng = random.Random(s.seed)
     model.train()
     checkpointing = _checkpointing(model, s.gradient_checkpointing)
     params = [p for p in model.parameters() if p.requires_grad]
+    dp.start(params)
+    dev = params[0].device
     opt = torch.optim.AdamW(params, lr=s.learning_rate, weight_decay=0.0, betas=(0.9, 0.98))
     steps_per_epoch = math.ceil(len(examples) / batch_size)
     total = max(1, int(steps_per_epoch * s.epochs))
@@ -228,12 +289,24 @@ def train_sft(
         for b in batches:
             if step >= total:
                 break
-            if max_minutes is not None and time.monotonic() - t0 > max_minutes * 60:
+            late = max_minutes is not None and time.monotonic() - t0 > max_minutes * 60
+            mine = dp.share(b)
+            rows = [examples[j] for j in mine]
+            ids, att, labels = pad_batch(rows, pad) if rows else (None, None, None)
+            labelled, tokens, stop = dp.agree(
+                int((labels[:, 1:] != -100).sum()) if rows else 0, int(att.sum()) if rows else 0, late, dev
+            )
+            if stop:
                 _end_checkpointing(model, checkpointing)
                 return metrics
-            ids, att, labels = pad_batch([examples[j] for j in b], pad)
-            loss = assistant_loss(model, ids, att, labels)
+            if not dp.active:  # one process: the batch's mean (bit for bit what single-process runs gave)
+                loss = assistant_loss(model, ids, att, labels)
+            elif rows:
+                loss = assistant_loss(model, ids, att, labels, reduction="sum") / max(1, labelled)
+            else:  # a share with no row still joins the all-reduce, with zero gradients
+                loss = sum(p.sum() for p in params) * 0.0
             loss.backward()
+            loss = dp.reduce_grads(params, loss)
             gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             sched.step()
@@ -243,7 +316,7 @@ def train_sft(
                 "loss": float(loss.detach()),
                 "grad_norm": float(gn),
                 "lr": sched.get_last_lr()[0],
-                "tokens": int(att.sum()),
+                "tokens": tokens,
                 "elapsed_s": time.monotonic() - t0,
             }
             metrics.append(m)
