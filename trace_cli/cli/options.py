@@ -108,7 +108,7 @@ class Flag:
         multiple = self.multiple if self.multiple is not None else kind == "array"
         item = node.get("items", {}) if kind == "array" else node
         kw: dict[str, Any] = {"help": _help(node, self.note, multiple), "metavar": self.metavar}
-        enum = item.get("enum")
+        enum = [e for e in item.get("enum") or () if e is not None]  # null: the flag left out
         if enum and all(isinstance(e, str) for e in enum):
             kw["type"] = click.Choice(enum)
         elif kind == "boolean":

@@ -16,6 +16,7 @@ TRAIN = StageOptions(
     "--max-steps",
     "--capability",
     "--resume",
+    "--profile",
 )
 
 
@@ -31,6 +32,8 @@ TRAIN = StageOptions(
         "--set 'snapshot_steps=[8,16]'   (also the adapters after 8 and 16 steps: a learning curve in one run)\n\n"
         "  trace train --config train.yaml --resume   (continue an interrupted GRPO run from its last checkpoint)\n\n"
         "  accelerate launch --num_processes 2 -m trace_cli train --method grpo ...   (data-parallel)\n\n"
+        "  trace train --method grpo --env store://environment/E --model /models/Qwen3-4B --profile auto "
+        "--set rollout.engine=vllm   (one 80 GB GPU: batch sizes and vLLM memory for the model's size)\n\n"
         "Config keys are those of schemas/config/train.v1.json; --set KEY=VALUE overrides any of them."
     ),
     outputs=("Alias for the output artifact.", "Re-train even if an identical artifact exists."),

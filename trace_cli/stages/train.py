@@ -38,7 +38,8 @@ OUTPUTS = {"model": "model", "adapter": "adapter"}
 METHOD_OUTPUTS = {"sft": {"model": "model"}, "grpo": {"adapter": "adapter"}}
 # how often we checkpoint, and where live metrics go, do not change what is trained
 # (snapshot_steps: the snapshots are artifacts of their own; the final adapter is the same with or without them)
-NOT_IN_ID = ("checkpoint_every", "report_to", "logging_dir", "snapshot_steps")
+# (profile: its values are in the config, resolved; the name adds nothing to what is trained)
+NOT_IN_ID = ("checkpoint_every", "report_to", "logging_dir", "snapshot_steps", "profile")
 
 # method -> the `then` properties of its branch in the schema: its defaults, and the other method's keys
 BRANCHES: dict[str, dict[str, Any]] = {
@@ -129,6 +130,8 @@ def prepare(config: Mapping[str, Any], store: Store) -> Prepared:
 
     cfg = _method_config(config)
     kind = checks.kind_defaults(cfg["method"], cfg["model"], store)
+    if cfg["method"] == "grpo" and cfg.get("profile"):
+        kind = _over(kind, _profile(cfg, store))
     if kind:
         cfg = _method_config(config, kind)
     if cfg["method"] == "grpo":
@@ -136,6 +139,20 @@ def prepare(config: Mapping[str, Any], store: Store) -> Prepared:
             cfg["seeds"] = _env_train_seeds(cfg["env"], store) or cfg["seeds"]
         return _prepare_grpo(cfg, store)
     return _prepare_sft(cfg, store)
+
+
+def _profile(cfg: Mapping[str, Any], store: Store) -> dict[str, Any]:
+    """The config keys of the run's GPU profile (training/profiles.py), said on stderr."""
+    from trace_cli.models.refs import resolve_model
+    from trace_cli.training import profiles
+    from trace_cli.training.dist import is_main_process
+
+    values, line = profiles.resolve(
+        cfg["profile"], resolve_model(cfg["model"], store).path, profiles.gpu_bytes()
+    )
+    if is_main_process():
+        print(f"train: {line}", file=sys.stderr)
+    return values
 
 
 def run(prepared: Prepared, store: Store, *, name=None, overrides=None, replace=False) -> dict[str, Artifact]:
