@@ -1,5 +1,5 @@
-"""A real `trace serve` process on a loopback port, for the tests of the `server` rollout engine (imported by
-module name: tests/ is on sys.path)."""
+"""A real `trace serve` process on a loopback port, for the tests of the `server` rollout engine, and a loopback
+chat-completion endpoint that answers what a test says (imported by module name: tests/ is on sys.path)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,3 +95,35 @@ def trace_serve(ref: str, store: Path, log: Path, *extra: str) -> Iterator[Serve
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+@contextlib.contextmanager
+def chat_server(answer: Callable[[dict[str, Any]], str], model: str = "m") -> Iterator[str]:
+    """A loopback OpenAI chat-completion endpoint whose assistant message is `answer(request body)`; yields its
+    base URL (`http://127.0.0.1:PORT/v1`)."""
+    import http.server
+    import threading
+
+    class Chat(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            msg = {"role": "assistant", "content": answer(body)}
+            choice = {"index": 0, "message": msg, "finish_reason": "stop"}
+            doc = {"id": "x", "object": "chat.completion", "created": 0, "model": model, "choices": [choice]}
+            out = json.dumps(doc).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Chat)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_port}/v1"
+    finally:
+        srv.shutdown()
+        srv.server_close()

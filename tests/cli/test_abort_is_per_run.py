@@ -4,41 +4,16 @@ KeyboardInterrupt from its first answer, which ended a whole pytest run)."""
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 
 import pytest
+from serving import chat_server  # noqa: E402
 
 
 @pytest.fixture
 def server():
-    class Chat(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):
-            self.rfile.read(int(self.headers["Content-Length"]))
-            msg = {"role": "assistant", "content": "Your order is cancelled."}
-            out = json.dumps(
-                {
-                    "id": "x",
-                    "object": "chat.completion",
-                    "created": 0,
-                    "model": "m",
-                    "choices": [{"index": 0, "message": msg, "finish_reason": "stop"}],
-                }
-            ).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(out)))
-            self.end_headers()
-            self.wfile.write(out)
-
-        def log_message(self, *args):
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Chat)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_port}/v1"
-    srv.shutdown()
+    with chat_server(lambda body: "Your order is cancelled.") as url:
+        yield url
 
 
 def test_a_later_invocation_is_not_aborted_by_an_earlier_ctrl_c(server, tmp_path, capsys):

@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import pytest
+from serving import chat_server  # noqa: E402
 
 from trace_cli.envs.registry import make_env, parse_env_ref
 from trace_cli.envs.rollout import apply_actions, finish, replay, start
@@ -276,54 +277,28 @@ def test_an_eval_exported_as_tau2_results_is_regraded_the_same_by_tau2(tmp_path)
 def test_an_nl_assertion_basis_is_judged_by_the_configured_endpoint(tmp_path):
     """τ²'s judge prompt goes to `judge_model` (an OpenAI-compatible server on loopback); its verdict is the
     NL_ASSERTION component, multiplied with the others."""
-    import http.server
-    import threading
-
     from trace_cli.envs.tau2.env import Tau2Env
     from trace_cli.llm.openai_client import ChatClient, parse_ref
 
     seen: list[dict] = []
     verdict = {"met": True}
 
-    class Judge(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            seen.append(body)
-            results = [
-                {
-                    "expectedOutcome": "the agent exchanged the items",
-                    "reasoning": "r",
-                    "metExpectation": verdict["met"],
-                }
-            ]
-            msg = {"role": "assistant", "content": json.dumps({"results": results})}
-            out = json.dumps(
-                {
-                    "id": "x",
-                    "object": "chat.completion",
-                    "created": 0,
-                    "model": "judge",
-                    "choices": [{"index": 0, "message": msg, "finish_reason": "stop"}],
-                }
-            ).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(out)))
-            self.end_headers()
-            self.wfile.write(out)
+    def judge_answer(body: dict) -> str:
+        seen.append(body)
+        results = [
+            {
+                "expectedOutcome": "the agent exchanged the items",
+                "reasoning": "r",
+                "metExpectation": verdict["met"],
+            }
+        ]
+        return json.dumps({"results": results})
 
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Judge)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with chat_server(judge_answer, model="judge") as url:
         task = domain("retail").tasks("base")[0].model_copy(deep=True)
         task.evaluation_criteria.reward_basis = ["DB", "NL_ASSERTION"]
         task.evaluation_criteria.nl_assertions = ["the agent exchanged the items"]
-        judge = ChatClient(
-            parse_ref(f"openai:http://127.0.0.1:{server.server_port}/v1?model=judge"), temperature=0.0
-        )
+        judge = ChatClient(parse_ref(f"openai:{url}?model=judge"), temperature=0.0)
         env = Tau2Env(
             domain("retail"),
             split="base",
@@ -341,8 +316,6 @@ def test_an_nl_assertion_basis_is_judged_by_the_configured_endpoint(tmp_path):
         system = seen[-1]["messages"][0]["content"]
         assert "Grade each expected outcome individually" in system  # τ²'s judge prompt
         assert "the agent exchanged the items" in seen[-1]["messages"][1]["content"]
-    finally:
-        server.shutdown()
 
 
 def test_diagnose_reads_tau2_rollouts_by_tau2_s_task_ids(tmp_path):
