@@ -191,6 +191,10 @@ def synthesize(a: argparse.Namespace, b: Bench, d_art, cap: str, base: str, targ
     s = env.summary
     return env, {
         "mean_success": s.get("mean_success"),
+        "hint_share": s.get(
+            "hint_share"
+        ),  # the curriculum-matched baseline's share (GRPO on the target, hinted)
+        "mean_success_unhinted": s.get("mean_success_unhinted"),
         "environment": env.uri,
         "params": s.get("params"),
         "calibration_rollouts": b.calibration_rollouts(env),

@@ -141,3 +141,20 @@ def test_entry_point_discovery(tmp_path, monkeypatch):
         sys.modules.pop("echo_env_plugin", None)
     with pytest.raises(NotFoundError):
         make_env("echo")
+
+
+def test_any_registered_target_takes_a_hint_share():
+    """`hint_share=X` on a registered environment (a target, not a synthesized one): GRPO's rollouts hint that
+    share of each group with the task's guidance from its reference actions; the reference names another
+    environment (another artifact id); a share outside [0, 1) is refused."""
+    from trace_cli.envs.refs import env_identity
+    from trace_cli.envs.synthetic.hints import OPEN, HintedEnv, guidance
+
+    env = make_env("shop-ladder?hint_share=0.25")
+    assert env.hint_share == 0.25 and getattr(make_env("shop-ladder"), "hint_share", 0.0) == 0.0
+    obs = HintedEnv(env).reset(300001)
+    assert OPEN in obs.system_prompt and guidance(env.reference_actions()) in obs.system_prompt
+    assert env_identity("shop-ladder?hint_share=0.25")["id"] != env_identity("shop-ladder")["id"]
+    for bad in ("1.5", "-0.1", "yes"):
+        with pytest.raises(UsageError, match="hint_share"):
+            make_env(f"shop?hint_share={bad}")

@@ -199,6 +199,9 @@ def make_env(ref: str | dict[str, Any], *, store: Any = None, **params: Any) -> 
         except NotFoundError:
             pass
         raise
+    share = None
+    if HINT_SHARE in ref_params and not _takes(factory, HINT_SHARE):
+        share = _hint_share(name, ref_params.pop(HINT_SHARE))
     _check_params(name, factory, ref_params)
     env = factory(**ref_params)
     if not isinstance(env, Environment):
@@ -206,4 +209,25 @@ def make_env(ref: str | dict[str, Any], *, store: Any = None, **params: Any) -> 
             f"environment {name!r}: factory returned {type(env).__name__}, which does not implement "
             "reset/step/verify/task_metadata/reference_actions"
         )
+    if share is not None:
+        env.hint_share = share  # read by GRPO's rollouts (training.grpo_rollout): hinted episodes per group
     return env
+
+
+# Any registered environment takes `hint_share=X`: that share of each GRPO group's episodes sees the task's
+# `<expert_guidance>` (built from its reference actions; envs.synthetic.hints), the gradient step the plain prompt:
+# GRPO on a target with the hints a calibrated environment gets (the curriculum-matched baseline of issue 44).
+HINT_SHARE = "hint_share"
+
+
+def _takes(factory: EnvFactory, key: str) -> bool:
+    try:
+        return key in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _hint_share(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise UsageError(f"environment {name!r}: hint_share must be a number in [0, 1), got {value!r}")
+    return float(value)
