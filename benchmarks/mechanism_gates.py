@@ -25,8 +25,8 @@ range (diagnosis and GRPO rollouts, 300000+), never on a test seed (every seed r
 With `--control` (the capacity control, nothing withheld), three gates come first: it reaches >= 0.8 on each
 planted skill's single-skill family (otherwise that skill is a capacity limit of the model, not a deficit).
 
-The planted set is what the base's demonstrations of that target's tasks withheld (`PLANTED_ON`): all three
-skills on shop-ladder; on shop-mixed the refusal and the address copy (its tasks have no by-name return).
+The planted set is what the base's demonstrations of that target's tasks withheld (`PLANTED_ON`): both skills
+on shop-ladder (the refusal and the lookup); on shop-mixed the refusal (its tasks have no by-name return).
 
 A failing gate stops the mechanism test before any test seed and is the reported result. Prints a table and
 writes JSON (each gate: threshold, measured value, pass/fail, details; the base's digest; every artifact's uri;
@@ -64,13 +64,10 @@ MAX_TURNS = {"shop-ladder": 16, "shop-mixed": 16}
 # a planted capability's single-skill family on each target (shop-mixed has none for the lookup)
 SINGLE_FAMILY = {
     "shop-ladder": {cap: f"shop-ladder-ladder-{skill}" for skill, cap in SKILLS.items()},
-    "shop-mixed": {
-        "precondition_verification": "shop-mixed-cancel_order",
-        "tool_calling_precision": "shop-mixed-address_update",
-    },
+    "shop-mixed": {"precondition_verification": "shop-mixed-cancel_order"},
 }
 # the skills planted in the base's demonstrations of each target's tasks: on shop-mixed's half of them only
-# refusals and address copies were withheld (its tasks have no by-name return: no lookup deficit to find there)
+# refusals are withheld (its tasks have no by-name return: no lookup deficit to find there)
 PLANTED_ON = {"shop-ladder": list(PLANTED), "shop-mixed": list(PLANTED_ON_MIXED)}
 MIN_DIAGNOSIS_SHARE = 0.8  # of --bootstrap-seeds: 8 of 10
 MIN_LIFT = 0.2

@@ -38,7 +38,8 @@ TINY_SIZES = [
     "--num-generations",
     "4",
 ]
-GATES = 1 + 3 + 3 + 1  # diagnosis, a calibration and an isolated adapter per planted skill, the ceiling
+N = 2  # planted skills on shop-ladder (trace_cli.envs.ladder.PLANTED)
+GATES = 1 + N + N + 1  # diagnosis, a calibration and an isolated adapter per planted skill, the ceiling
 
 
 def test_the_gates_never_touch_a_test_seed(tmp_path, run_benchmark):
@@ -58,7 +59,7 @@ def test_every_planted_skill_of_a_target_has_a_family_to_lift(monkeypatch):
     from trace_cli.envs.ladder import PLANTED
     from trace_cli.envs.synthetic import TEMPLATES
 
-    assert mg.PLANTED_ON["shop-ladder"] == list(PLANTED)
+    assert mg.PLANTED_ON["shop-ladder"] == list(PLANTED) and len(PLANTED) == N
     assert set(mg.PLANTED_ON["shop-mixed"]) < set(PLANTED)
     for target, planted in mg.PLANTED_ON.items():
         assert all(cap in mg.SINGLE_FAMILY[target] for cap in planted), target
@@ -68,9 +69,9 @@ def test_every_planted_skill_of_a_target_has_a_family_to_lift(monkeypatch):
 def _gates(path: Path, control: bool = False) -> dict:
     res = json.loads(path.read_text())
     assert res["benchmark"] == "mechanism_gates" and res["commit"] and res["issue"] == 44
-    if control:  # the capacity control's three gates come first
-        assert [g["gate"].split()[:3] for g in res["gates"][:3]] == [["capacity", "control", "learns"]] * 3
-        res["gates"] = res["gates"][3:]
+    if control:  # the capacity control's gates (one per planted skill) come first
+        assert [g["gate"].split()[:3] for g in res["gates"][:N]] == [["capacity", "control", "learns"]] * N
+        res["gates"] = res["gates"][N:]
     assert len(res["gates"]) == GATES
     for g in res["gates"]:
         assert {"gate", "threshold", "measured", "pass"} <= set(g)
@@ -113,15 +114,15 @@ def test_tiny_model_every_gate_fails_saying_why(tmp_path, tmp_path_factory, run_
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    control = json.loads(out.read_text())["gates"][:3]
-    assert [g["measured"] for g in control] == [0.0] * 3 and not any(g["pass"] for g in control)
+    control = json.loads(out.read_text())["gates"][:N]
+    assert [g["measured"] for g in control] == [0.0] * N and not any(g["pass"] for g in control)
     res = _gates(out, control=True)
-    assert res["control"]["digest"] and len(res["control"]["families"]) == 7
+    assert res["control"]["digest"] and len(res["control"]["families"]) == 3
     diag, *rest = res["gates"]
     assert not res["passed"] and diag["measured"] is None and "no successes" in diag["why"]
-    assert [g["why"] for g in rest[:3]] == ["no diagnosis"] * 3
-    assert [g["why"] for g in rest[3:6]] == ["no environment"] * 3
-    assert rest[6]["grpo_rollouts"] == 8 and rest[6]["ceiling"]["episodes"] == 18
+    assert [g["why"] for g in rest[:N]] == ["no diagnosis"] * N
+    assert [g["why"] for g in rest[N : 2 * N]] == ["no environment"] * N
+    assert rest[2 * N]["grpo_rollouts"] == 8 and rest[2 * N]["ceiling"]["episodes"] == 18
     assert "all gates pass: False" in proc.stdout
 
 
@@ -154,13 +155,13 @@ def test_a_real_base_goes_through_every_gate(tmp_path, run_benchmark):
     res = _gates(out)
     diag = res["gates"][0]
     assert set(diag["selection_frequency"]) == set(res["planted"]) and diag["measured"] is not None
-    calibrated = [g for g in res["gates"][1:4] if g["pass"]]
+    calibrated = [g for g in res["gates"][1 : 1 + N] if g["pass"]]
     assert calibrated and all(g["environment"].startswith("store://environment/") for g in calibrated)
-    isolated = [g for g in res["gates"][4:7] if g.get("adapter_uri")]
+    isolated = [g for g in res["gates"][1 + N : 1 + 2 * N] if g.get("adapter_uri")]
     assert len(isolated) == len(calibrated) and all(g["rollouts"] == 16 for g in isolated)
     for g in isolated:
         assert g["measured"] == pytest.approx(g["adapter"] - g["base"], abs=1e-4)
-    ceiling = res["gates"][7]
+    ceiling = res["gates"][1 + 2 * N]
     # the experts: every calibrated environment, planted or not (what TRACE would train)
     others = {c for c, e in res["other_selected_environments"].items() if e.get("environment")}
     assert set(res["other_selected_environments"]) == set(diag["selected"]) - set(res["planted"])

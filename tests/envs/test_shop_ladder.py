@@ -20,11 +20,11 @@ from trace_cli.envs.rollout import replay
 from trace_cli.envs.shop.tasks.mixed import build_task as mixed_task
 from trace_cli.errors import UsageError
 
-SEEDS = range(0, 63)  # 7 rounds of 9: every family several times
+SEEDS = range(0, 40)  # 10 rounds of 4: every family several times
 # seeds 0-35: the first observation and metadata in each mix; the episodes of the reference and of each withheld
 # skill (messages, reward, breakdown). Same under any PYTHONHASHSEED (checked when they were pinned).
-TASKS_DIGEST = "2c776ffe513ae4c43f8b2d2f77f5f8946b563ec94fc5164d8d831d26c6f4bda4"
-EPISODES_DIGEST = "1ee7b117ad2a0198f46bd1d592995fe871c011594b0771807f8d1096b31ce894"
+TASKS_DIGEST = "73c95f61879e710cdb1e854b936fd9a20b2180503a7909d54cd7083ad30208ba"
+EPISODES_DIGEST = "9de5d03fcf504156acd059cff95d98191c48e09fc14aa25f7cb322c516c96cde"
 
 
 def _play(seed: int, actions, mix: str = "target"):
@@ -60,24 +60,24 @@ def test_withholding_a_planted_skill_fails_every_family_that_needs_it_and_no_oth
 
 
 def test_families_come_in_equal_shares_over_consecutive_seeds():
-    assert len(FAMILIES) == 7 and sorted(len(v) for v in BY_K.values()) == [1, 3, 3]
+    assert len(FAMILIES) == 3 and sorted(len(v) for v in BY_K.values()) == [1, 2]
     env = make_env("shop-ladder")
     for start in (0, 1, 5, 700001):
         ks = Counter()
-        for seed in range(start, start + 3):
+        for seed in range(start, start + 2):
             env.reset(seed)
             ks[env.task_metadata()["k"]] += 1
-        assert ks == Counter({1: 1, 2: 1, 3: 1}), start
-    for start in (0, 9, 700002 - 700002 % 9):
+        assert ks == Counter({1: 1, 2: 1}), start
+    for start in (0, 4, 700002 - 700002 % 4):
         fams = Counter()
-        for seed in range(start, start + 9):
+        for seed in range(start, start + 4):
             env.reset(seed)
             meta = env.task_metadata()
             assert meta["family"] == "ladder-" + "+".join(skills_for_seed(seed)) and meta["k"] == len(
                 meta["skills"]
             )
             fams[meta["family"]] += 1
-        assert fams == Counter({f: 3 if f.count("+") == 2 else 1 for f in FAMILIES}), start
+        assert fams == Counter({f: 2 if "+" in f else 1 for f in FAMILIES}), start
     env.reset(3)
     assert env.task_id == f"shop-ladder-{env.task_metadata()['family']}-3"
 
@@ -125,21 +125,16 @@ def test_the_base_mix_is_shop_mixed_on_even_seeds_with_only_the_planted_deficits
         assert env.task_id == mixed.task_id and env.reference_actions() == mixed.reference_actions()
         assert dataclasses.asdict(mixed_task(seed, 5))["reference"] == env.reference_actions()
         caps = env.task_metadata()["required_capabilities"]
-        # shop-mixed's "most expensive item" and multi-step are never withheld in the base mix
-        for cap in ("structured_data_reasoning", "multi_step_completion"):
+        # shop-mixed's "most expensive item", multi-step and address copies are never withheld in the base mix
+        for cap in ("structured_data_reasoning", "multi_step_completion", "tool_calling_precision"):
             env.reset(seed)
             assert env.demonstration({cap}) == env.reference_actions()
-        for cap in ("precondition_verification", "tool_calling_precision"):
-            env.reset(seed)
-            mixed.reset(seed)
-            assert env.demonstration({cap}) == mixed.demonstration({cap})
-            if cap in caps:
-                kinds[cap] += 1
-    assert (
-        kinds["ladder"] == 20
-        and kinds["precondition_verification"] > 0
-        and kinds["tool_calling_precision"] > 0
-    )
+        cap = "precondition_verification"
+        env.reset(seed)
+        mixed.reset(seed)
+        assert env.demonstration({cap}) == mixed.demonstration({cap})
+        kinds[cap] += cap in caps
+    assert kinds["ladder"] == 20 and kinds["precondition_verification"] > 0
 
 
 def test_withhold_draws_each_skill_on_its_own_coin():
@@ -165,14 +160,13 @@ def test_withhold_draws_each_skill_on_its_own_coin():
         both = env.demonstration(set(PLANTED))
         # naming every planted capability withholds exactly the skills whose own coin fell
         assert _play(seed, both, mix="base").reward == (0.0 if any(off.values()) else 1.0), seed
-        for a, b in (("refuse", "address"), ("refuse", "lookup"), ("address", "lookup")):
+        for a, b in (("refuse", "lookup"),):
             if a in off and b in off:
                 pairs[(a, b, "n")] += 1
                 pairs[(a, b, "both")] += off[a] and off[b]
     for s in SKILLS:
         assert abs(withheld[s] / n[s] - 0.7) < 0.07, (s, withheld[s], n[s])
-    for a, b in (("refuse", "address"), ("refuse", "lookup"), ("address", "lookup")):
-        assert abs(pairs[(a, b, "both")] / pairs[(a, b, "n")] - 0.49) < 0.1, (a, b)
+    assert abs(pairs[("refuse", "lookup", "both")] / pairs[("refuse", "lookup", "n")] - 0.49) < 0.1
     with pytest.raises(UsageError, match="withhold"):
         make_env("shop-ladder?withhold=1.5")
 

@@ -36,7 +36,7 @@ __all__ = ["FAMILIES", "PLANTED", "SKILLS", "ShopLadderEnv", "make_shop_ladder_e
 
 
 class ShopLadderEnv(ShopEnv):
-    """`shop-ladder`: one conversation of 1-3 requests, one per planted skill, all of which must be right.
+    """`shop-ladder`: one conversation of 1-2 requests, one per planted skill, all of which must be right.
 
     Every tool is offered (`tool_set="all"`) and the user states one request at a time, as in shop-mixed.
     `mix="base"`: the planted base agent's demonstration distribution (even seeds are shop-mixed's tasks)."""

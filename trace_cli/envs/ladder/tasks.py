@@ -1,6 +1,6 @@
-"""Tasks of `shop-ladder` (issue 44, the mechanism test): conversations that need k = 1, 2 or 3 planted skills jointly.
+"""Tasks of `shop-ladder` (issue 44, the mechanism test): conversations that need k = 1 or 2 planted skills jointly.
 
-Three skills are planted in the mechanism test's base agent (its demonstrations withhold them 70 % of the time);
+Two skills are planted in the mechanism test's base agent (its demonstrations withhold them 70 % of the time);
 each is one kind of request, needs exactly one catalog capability, and fails, by construction, when done the
 withheld way:
 
@@ -8,28 +8,31 @@ withheld way:
   refuse   precondition_verification   cancel an order that is processed     cancel without reading the order, then
                                        or delivered: read it, refuse, say    report it cancelled (the write is
                                        its status                            rejected; the status is never said)
-  address  tool_calling_precision      a new default address in prose, to    one field not copied exactly: the zip
-                                       be copied field by field              as a number or the state spelled out
   lookup   structured_data_reasoning   return the item the user names (by    read the order, return its first item
                                        product name) from a delivered        (never the named one): the id must be
                                        order: its id is only in the order's  taken from the lookup, not guessed
                                        details
 
-A task's family is a set of skills (`ladder-refuse`, `ladder-address+lookup`, ...; `k` its size): one request per
+A third skill, `address` (tool_calling_precision: copy a new address from prose field by field), was planted in the
+first pair of bases and dropped: its capacity control reached 0.70 on `ladder-address` (the gate is 0.8; the
+planted base 0.67), so the 2.6M-parameter agent cannot copy ids and addresses reliably even when never shown the
+withheld way — a capacity limit, not a deficit (benchmarks/mechanism/README.md, "Restarts").
+
+A task's family is a set of skills (`ladder-refuse`, `ladder-refuse+lookup`, ...; `k` its size): one request per
 skill, on one customer's orders, stated one at a time (the user reveals the next request when the agent reports
 the previous one done, as in shop-mixed; no skill here is "several writes", which a revealed-in-turn conversation
 carries past). Success is all-or-nothing (the shop's verifier): the final database must equal the reference's and
 every required fact must be said, so a task of family S fails whenever any skill of S is done the withheld way.
 
-Families come in equal shares over consecutive seeds: k = 1 + seed % 3, and within k the skill sets take turns
-(`family_for_seed`): any 3 consecutive seeds hold one task of each k, any 9 consecutive seeds (from a multiple
-of 9) each one-skill and two-skill family once and the three-skill family three times.
+Families come in equal shares over consecutive seeds: k = 1 + seed % 2, and within k the skill sets take turns
+(`family_for_seed`): any 2 consecutive seeds hold one task of each k, any 4 consecutive seeds (from a multiple
+of 4) each one-skill family once and the two-skill family twice.
 
 `mix="base"` is the planted base agent's demonstration distribution: even seeds are shop-mixed's own task of the
 seed (`shop.tasks.mixed.build_task`, unchanged: its draws are shop-mixed's), odd seeds a ladder task. On the
-shop-mixed half only the planted skills' own deficits are withheld (refusals and address copies), never
-structured_data_reasoning there (shop-mixed's "most expensive item" is a capacity limit of this model, not a
-planted skill: issue 44) nor multi_step_completion.
+shop-mixed half only the refusal is withheld (precondition_verification), never structured_data_reasoning there
+(shop-mixed's "most expensive item" is a capacity limit of this model, not a planted skill: issue 44) nor
+multi_step_completion nor tool_calling_precision.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from trace_cli.envs.shop.tasks.mixed import MIXED_TOOLS, MixedTask, op_address, sentence
+from trace_cli.envs.shop.tasks.mixed import MIXED_TOOLS, MixedTask, sentence
 from trace_cli.envs.shop.tools import CANCEL_REASONS
 from trace_cli.envs.worlds.tasks import (
     REASON_PHRASES,
@@ -54,7 +57,6 @@ from trace_cli.envs.worlds.tasks import (
 # skill -> the catalog capability it needs (the names the demonstrations withhold)
 SKILLS: dict[str, str] = {
     "refuse": "precondition_verification",
-    "address": "tool_calling_precision",
     "lookup": "structured_data_reasoning",
 }
 PLANTED = tuple(SKILLS.values())
@@ -64,7 +66,7 @@ BY_K: dict[int, list[tuple[str, ...]]] = {
 }
 MIXES = ("target", "base")
 # the capabilities a base demonstration withholds on shop-mixed's own tasks (see the module docstring)
-PLANTED_ON_MIXED = ("precondition_verification", "tool_calling_precision")
+PLANTED_ON_MIXED = ("precondition_verification",)
 
 
 def family_name(skills: tuple[str, ...]) -> str:
@@ -72,7 +74,7 @@ def family_name(skills: tuple[str, ...]) -> str:
 
 
 def skills_for_seed(seed: int) -> tuple[str, ...]:
-    """The skill set of a ladder seed: k = 1 + seed % 3, then the sets of size k in turn."""
+    """The skill set of a ladder seed: k = 1 + seed % (number of skills), then the sets of size k in turn."""
     k = 1 + seed % len(SKILLS)
     sets = BY_K[k]
     return sets[(seed // len(SKILLS)) % len(sets)]
@@ -106,19 +108,6 @@ def op_refuse(rng: random.Random, order: dict[str, Any]) -> LadderOp:
         [status],
         [call("cancel_pending_order", order_id=oid, reason=reason)],
         f"order {oid} is cancelled",
-    )
-
-
-def op_address_copy(rng: random.Random, b: Any, user: dict[str, Any]) -> LadderOp:
-    op = op_address(rng, b, user)  # shop-mixed's address request and its ill-copied variant
-    return LadderOp(
-        "address",
-        op.text,
-        op.actions,
-        op.report,
-        [],
-        op.deficit["tool_calling_precision"],
-        op.report,
     )
 
 
@@ -175,13 +164,10 @@ def build_ladder(seed: int, n_orders: int) -> LadderTask:
     skills = skills_for_seed(seed)
     rng = random.Random(f"shop-ladder:{seed}")
     b, user, orders, ident, auth = customer(rng, n_orders)
-    order_skills = [s for s in skills if s != "address"]
-    picked = rng.sample(orders, len(order_skills))
+    picked = rng.sample(orders, len(skills))
     ops: list[LadderOp] = []
     for s in skills:
-        if s == "address":
-            ops.append(op_address_copy(rng, b, user))
-        elif s == "refuse":
+        if s == "refuse":
             ops.append(op_refuse(rng, picked.pop()))
         else:
             ops.append(op_lookup(rng, b, picked.pop()))
