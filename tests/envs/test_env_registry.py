@@ -158,3 +158,26 @@ def test_any_registered_target_takes_a_hint_share():
     for bad in ("1.5", "-0.1", "yes"):
         with pytest.raises(UsageError, match="hint_share"):
             make_env(f"shop?hint_share={bad}")
+
+
+def test_a_mixture_takes_turns_between_its_members():
+    """`mixture`: seed s is member s % n's task at seed s // n; the episode is entirely the member's (reward,
+    reference); its identity is its members' in order; one member, a nested mixture or another key is refused."""
+    from trace_cli.envs.refs import env_identity
+    from trace_cli.envs.rollout import replay
+
+    mix = make_env({"name": "mixture", "params": {"envs": ["shop", "shop-mixed?hint_share=0.5"]}})
+    shop, mixed = make_env("shop"), make_env("shop-mixed")
+    for seed in range(4):
+        member, own = (shop, mixed)[seed % 2], seed // 2
+        assert mix.reset(seed) == member.reset(own)
+        assert mix.task_metadata() == member.task_metadata()
+        assert mix.reference_actions() == member.reference_actions()
+        assert replay(mix, seed, mix.reference_actions()).reward == 1.0
+        assert mix.hint_share_of(seed) == (0.0, 0.5)[seed % 2]
+    assert "mixture" in list_envs()
+    ab, ba = (env_identity(f"mixture?envs={x}")["id"] for x in ("shop,shop-mixed", "shop-mixed,shop"))
+    assert ab != ba and ab["members"] == [env_identity("shop")["id"], env_identity("shop-mixed")["id"]]
+    for bad in ("mixture?envs=shop", "mixture?envs=shop,mixture", "mixture?envs=shop,shop&n=2"):
+        with pytest.raises(UsageError, match="mixture"):
+            make_env(bad)

@@ -175,3 +175,37 @@ def test_hinted_episodes_are_sampled_with_the_hint_and_trained_on_the_original_p
         assert hinted_seq["completion_ids"] == plain_seq["completion_ids"]
         assert results[g].turns[0]["prompt_ids"] != hinted_seq["prompt_ids"]  # sampled with the hint
         assert OPEN not in tok.decode(hinted_seq["prompt_ids"])
+
+
+def test_a_mixture_hints_each_members_groups_with_that_members_share(tok, tmp_path):
+    """GRPO on a mixture of environments (envs/mixture.py, the mixed-environment baseline): each group is one
+    member's task, and its hinted episodes are that member's calibrated share (here 0.5 and none); the episode log
+    marks exactly those as hinted."""
+    from trace_cli.envs.mixture import MixtureEnv
+    from trace_cli.envs.registry import make_env
+    from trace_cli.envs.synthetic import get_template
+    from trace_cli.envs.synthetic.hints import OPEN, hinted
+    from trace_cli.store.rollouts import read_episodes
+    from trace_cli.training.episode_log import EpisodeLog, collect
+    from trace_cli.training.grpo_rollout import group_episodes
+
+    cls = get_template("structured_data_reasoning")
+
+    def mixture():
+        return MixtureEnv([cls(hint_share=0.5), make_env("shop")])
+
+    env = mixture()
+    hints_of = lambda seed: hinted(env.hint_share_of(seed), 4)  # noqa: E731 - what rollout_func builds
+    policy = ScriptedPolicy(tok, budget=10_000, max_new_tokens=10_000)
+    seeds = [6, 6, 6, 6, 7, 7, 7, 7]  # member 0 (hinted), then member 1 (the shop: no hints)
+    results, _ = group_episodes(policy, mixture, seeds, hints_of, max_turns=30, batch_size=8)
+    saw = [OPEN in r.messages[0]["content"] for r in results]
+    assert saw == [True, True, False, False] + [False] * 4
+    assert all(r.reward == 1.0 for r in results)  # the reference solves each member's task
+    assert results[0].task_id != results[4].task_id and results[4].task_id.startswith("shop-")
+    log = EpisodeLog(tmp_path / "eps", kept=8, max_steps=1, group=4)
+    assert log.write(1, results, hints_of, "grpo") == 8
+    collect(tmp_path / "eps", tmp_path)
+    hinted_by_task = {(e["task_id"], e["info"]["hinted"]) for e in read_episodes(tmp_path)}
+    assert sum(e["info"]["hinted"] for e in read_episodes(tmp_path)) == 2
+    assert (results[4].task_id, True) not in hinted_by_task  # the shop's group: no hint

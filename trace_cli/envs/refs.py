@@ -8,7 +8,7 @@ from typing import Any
 def env_identity(ref: str | dict[str, Any], *, store: Any = None) -> dict[str, Any]:
     """{"id": canonical form, "inputs": [artifact inputs]}: equal environments give equal ids however they
     are spelled (`shop?families=a` == {"name": "shop", "params": {"families": ["a"]}})."""
-    from trace_cli.envs.registry import parse_env_ref
+    from trace_cli.envs.registry import MIXTURE, parse_env_ref
 
     if isinstance(ref, str) and ref.startswith("store://"):
         if store is None:
@@ -18,6 +18,12 @@ def env_identity(ref: str | dict[str, Any], *, store: Any = None) -> dict[str, A
         art = store.resolve(ref, kind="environment")
         return {"id": {"artifact": art.id}, "inputs": [art.as_input("environment")]}
     name, params = parse_env_ref(ref)
+    if name == MIXTURE:  # its members' identities, in order (the order decides which seed plays which)
+        from trace_cli.envs.mixture import members_of
+
+        parts = [env_identity(m, store=store) for m in members_of(params)]
+        inputs = [i for p in parts for i in p["inputs"]]
+        return {"id": {"name": name, "members": [p["id"] for p in parts]}, "inputs": inputs}
     norm = {k: (v if not isinstance(v, str) or "," not in v else v.split(",")) for k, v in params.items()}
     for k, v in norm.items():
         if not isinstance(v, list) and k == "families":

@@ -39,6 +39,8 @@ _BUILTINS: dict[str, str] = {
     "tau2-airline": "trace_cli.envs.tau2:make_airline",
     "tau2-telecom": "trace_cli.envs.tau2:make_telecom",
 }
+# several environments' tasks in equal shares (envs/mixture.py); built by make_env itself (members need the store)
+MIXTURE = "mixture"
 # other spellings of a built-in name (τ²-bench's own `domain` names, prefixed)
 ALIASES = {"tau2:retail": "tau2-retail", "tau2:airline": "tau2-airline", "tau2:telecom": "tau2-telecom"}
 _REGISTERED: dict[str, EnvFactory] = {}
@@ -70,7 +72,7 @@ def _entry_points() -> dict[str, Any]:
 
 def list_envs() -> list[str]:
     """Every known environment name, sorted."""
-    return sorted(set(_BUILTINS) | set(_REGISTERED) | set(_entry_points()))
+    return sorted(set(_BUILTINS) | set(_REGISTERED) | set(_entry_points()) | {MIXTURE})
 
 
 def _load(path: str) -> Any:
@@ -188,6 +190,10 @@ def make_env(ref: str | dict[str, Any], *, store: Any = None, **params: Any) -> 
         return _load_from_store(store, ref, **params)
     name, ref_params = parse_env_ref(ref)
     ref_params.update(params)
+    if name == MIXTURE:  # its members may be store artifacts: built here, where the store is
+        from trace_cli.envs.mixture import MixtureEnv, members_of
+
+        return MixtureEnv([make_env(m, store=store) for m in members_of(ref_params)])
     try:
         factory = get_factory(name)
     except NotFoundError:

@@ -50,11 +50,12 @@ class EpisodeLog:
                     shutil.rmtree(p, ignore_errors=True)
 
     def write(
-        self, step: int, results: list[Any], hints: int, source: str, version: str | None = None
+        self, step: int, results: list[Any], hints: Any, source: str, version: str | None = None
     ) -> int:
         """Keep this call's first whole groups within the step's quota; returns how many episodes were kept.
-        `version`: the adapter version the rollout engine sampled them with (a server's LoRA name), kept in
-        each episode's info as `adapter_version`."""
+        `hints`: how many of each group saw the hint (a number, or a function of the seed). `version`: the
+        adapter version the rollout engine sampled them with (a server's LoRA name), kept in each episode's
+        info as `adapter_version`."""
         from trace_cli.store.rollouts import result_row, write_tables
 
         room = max(0, self.per_step - self.used.get(step, 0))
@@ -70,15 +71,16 @@ class EpisodeLog:
                 1 for x in results if x.seed == r.seed
             )
             place = rank[r.seed] = rank.get(r.seed, -1) + 1
+            hinted = place < (hints(r.seed) if callable(hints) else hints)
             info = {
                 "step": step,
                 "group_mean": mean,
                 "advantage": float(r.reward) - mean,
-                "hinted": place < hints,
+                "hinted": hinted,
             }
             if version is not None:
                 info["adapter_version"] = version
-            messages = _unhinted(r.messages) if place < hints else r.messages
+            messages = _unhinted(r.messages) if hinted else r.messages
             eid = f"s{step}-r{self.rank}-c{self.calls}-{r.task_id}-t{place}"
             ep, rows = result_row(r, eid, source, info, messages=messages, trial=place)
             episodes.append(ep)

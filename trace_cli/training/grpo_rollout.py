@@ -14,7 +14,7 @@ within same-seed groups, as the paper does.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from trace_cli.agents.token_history import episode_sequence
@@ -42,7 +42,13 @@ def make_rollout_func(spec: GRPOSpec, tokenizer, max_context: int, state: dict[s
 
     replay = list(spec.replay)
     sampling = spec.sampling
-    hint_share = float(getattr(spec.make_env(), "hint_share", 0.0))  # an admitted environment's setting
+    env0 = spec.make_env()
+    hint_share = float(getattr(env0, "hint_share", 0.0))  # an admitted environment's setting
+    share_of = getattr(env0, "hint_share_of", None)  # a mixture (envs.mixture): each member's own
+
+    def hints_of(seed: int) -> int:
+        """How many of the seed's group see the hint."""
+        return hinted(share_of(seed) if share_of else hint_share, spec.num_generations)
 
     def replayed(n: int) -> dict[str, list] | None:
         """The next n pre-generated episodes (whole groups), in rollout_func's format; None when too few are left."""
@@ -104,12 +110,11 @@ def make_rollout_func(spec: GRPOSpec, tokenizer, max_context: int, state: dict[s
                 engine=engine,
                 prefix_cache=None if engine is not None else device.prefix_cache(model),  # these weights only
             )
-            hints = hinted(hint_share, spec.num_generations)
             kw = {"max_turns": sampling.max_turns, "batch_size": spec.rollout_batch_size}
-            results, seqs = group_episodes(policy, spec.make_env, seeds, hints, **kw)
+            results, seqs = group_episodes(policy, spec.make_env, seeds, hints_of, **kw)
         if state.get("episode_log") is not None:  # the adapter keeps them (`episode_log`)
             version = run_engine.version(step) if run_engine is not None else None
-            state["episode_log"].write(step + 1, results, hints, "grpo", version=version)
+            state["episode_log"].write(step + 1, results, hints_of, "grpo", version=version)
         state["rollout_s"] = state.get("rollout_s", 0.0) + time.monotonic() - t0
         state["episodes"] = state.get("episodes", 0) + len(results)
         state["gen_tokens"] = state.get("gen_tokens", 0) + sum(r.gen_tokens for r in results)
@@ -140,10 +145,13 @@ def mask_constant_groups(
     return [[0] * len(m) if drop else list(m) for m, drop in zip(env_mask, mine, strict=True)]
 
 
-def group_episodes(policy, make_env, seeds: list[int], hints: int, **kw) -> tuple[list, list[dict[str, Any]]]:
+def group_episodes(
+    policy, make_env, seeds: list[int], hints: int | Callable[[int], int], **kw
+) -> tuple[list, list[dict[str, Any]]]:
     """One episode per entry of `seeds` (a group's copies of a seed are consecutive) and its token sequence. The
-    first `hints` episodes of each group see the task's `<expert_guidance>` (`hints.HintedEnv`); their results
-    keep the hinted prompt, their sequences the original one: the gradient step sees the prompt without hint."""
+    first `hints` episodes of each group (or `hints(seed)`) see the task's `<expert_guidance>`
+    (`hints.HintedEnv`); their results keep the hinted prompt, their sequences the original one: the gradient step
+    sees the prompt without hint."""
     from trace_cli.envs.rollout import rollout
     from trace_cli.envs.synthetic.hints import HintedEnv
 
@@ -153,7 +161,8 @@ def group_episodes(policy, make_env, seeds: list[int], hints: int, **kw) -> tupl
         rank.append(seen.get(s, 0))
         seen[s] = rank[-1] + 1
     jobs = [(s, i) for i, s in enumerate(seeds)]
-    chosen = {i for i, k in enumerate(rank) if k < hints}
+    count = hints if callable(hints) else (lambda seed: hints)
+    chosen = {i for i, k in enumerate(rank) if k < count(seeds[i])}
     with_hint = [j for j in jobs if j[1] in chosen]
     done = rollout(policy, lambda: HintedEnv(make_env()), with_hint, **kw)
     done += rollout(policy, make_env, [j for j in jobs if j[1] not in chosen], **kw)
