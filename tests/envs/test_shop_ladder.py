@@ -210,3 +210,25 @@ def test_tasks_and_episodes_are_pinned():
                 yield seed, deficits, ep.messages, ep.reward, ep.breakdown
 
     assert (_digest(tasks()), _digest(episodes())) == (TASKS_DIGEST, EPISODES_DIGEST)
+
+
+def test_artifact_ids_follow_the_tasks(monkeypatch):
+    """The ladder's identity carries a digest of its tasks, so a change to them (restart 1 dropped a skill) makes
+    every artifact trained on them another one: `trace run` never calls such an SFT up to date."""
+    from trace_cli.envs.ladder import tasks
+    from trace_cli.envs.refs import env_identity
+
+    def ident(ref: str) -> dict:
+        return env_identity(ref)["id"]
+
+    before = ident("shop-ladder?mix=base&withhold=0.7")
+    assert before == ident("shop-ladder?mix=base&withhold=0.7") and before["data"]["tasks"]
+    assert before != ident("shop-ladder?mix=base") != ident("shop-ladder")
+    real = tasks.op_refuse
+
+    def reworded(rng, order):
+        op = real(rng, order)
+        return dataclasses.replace(op, text=op.text + ", please")
+
+    monkeypatch.setattr(tasks, "op_refuse", reworded)
+    assert ident("shop-ladder?mix=base&withhold=0.7") != before

@@ -120,3 +120,29 @@ def make_shop_ladder_env(**params: Any) -> ShopLadderEnv:
     env = make_shop_env(**params)  # the shop's own checks of max_turns, n_orders, tool_set
     kw = {k: getattr(env, k) for k in ("max_turns", "n_orders", "tool_set") if k in params}
     return ShopLadderEnv(mix=mix, withhold=withhold, **kw)
+
+
+PROBE_SEEDS = range(8)  # both k, both mixes' halves, every family
+
+
+def identity(params: dict[str, Any]) -> dict[str, str]:
+    """`factory.identity(params)`: a digest of what the ladder's tasks are (the first observation, the reference
+    and each planted skill's withheld demonstration on PROBE_SEEDS), part of every artifact id made from it: when
+    the tasks change (restart 1 dropped a skill), an SFT on them is another artifact, never "up to date"."""
+    import hashlib
+    import json
+
+    env = make_shop_ladder_env(**dict(params))
+    h = hashlib.sha256()
+    for seed in PROBE_SEEDS:
+        obs = env.reset(seed)
+        demos = []
+        for cap in PLANTED:
+            env.reset(seed)
+            demos.append(env.demonstration({cap}))
+        doc = [obs.system_prompt, obs.messages, env.reference_actions(), demos, env.task_metadata()]
+        h.update(json.dumps(doc, sort_keys=True, default=str).encode())
+    return {"tasks": h.hexdigest()[:16]}
+
+
+make_shop_ladder_env.identity = identity
