@@ -45,4 +45,10 @@ def _data_identity(name: str, params: dict[str, Any]) -> Any:
     except NotFoundError:
         return None
     identity = getattr(factory, "identity", None)
-    return identity(params) if callable(identity) else None
+    if not callable(identity):
+        return None
+    from trace_cli.envs.registry import HINT_SHARE, _takes
+
+    if not _takes(factory, HINT_SHARE):  # the registry's own parameter, not the factory's
+        params = {k: v for k, v in params.items() if k != HINT_SHARE}
+    return identity(params)
