@@ -4,14 +4,14 @@ targets recovered from τ² rollouts, LLM-authored modules through a fake OpenAI
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from serving import chat_server  # noqa: E402
 from trace_testing import TAU2_FILES, make_diagnosis, run_cli
 
 import trace_cli.stages.synthesize as synth
@@ -340,32 +340,16 @@ class FakeLLM:
     def __init__(self, modules):
         self.modules = list(modules)
         self.requests = []
-        outer = self
+        self._stack = contextlib.ExitStack()
+        self.url = self._stack.enter_context(chat_server(self._answer))
 
-        class H(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.requests.append(body)
-                src = outer.modules.pop(0) if outer.modules else GOOD_MODULE
-                resp = {
-                    "choices": [{"message": {"role": "assistant", "content": json.dumps({"module": src})}}]
-                }
-                data = json.dumps(resp).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *a):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+    def _answer(self, body):
+        self.requests.append(body)
+        src = self.modules.pop(0) if self.modules else GOOD_MODULE
+        return json.dumps({"module": src})
 
     def close(self):
-        self.server.shutdown()
+        self._stack.close()
 
 
 @pytest.mark.needs_sandbox

@@ -91,24 +91,12 @@ def test_rollout_func_masks_constant_groups_of_replayed_episodes():
 
 
 def test_logps_override_fits_only_trl_116s_signature():
-    from trace_cli.training.grpo_trainer import logps_override_fits
-
-    def same(
-        self,
-        model,
-        input_ids,
-        attention_mask,
-        logits_to_keep,
-        batch_size=None,
-        compute_entropy=False,
-        compute_aux_loss=False,
-        **media,
-    ): ...
+    from trace_cli.training.grpo_trainer import TraceGRPOTrainer, logps_override_fits
 
     def other(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, **kw): ...
 
     assert logps_override_fits()  # the pinned TRL
-    assert logps_override_fits(same)
+    assert logps_override_fits(TraceGRPOTrainer._get_per_token_logps_and_entropies)  # the override's own
     assert not logps_override_fits(other)
 
 

@@ -47,8 +47,8 @@ def _data_identity(name: str, params: dict[str, Any]) -> Any:
     identity = getattr(factory, "identity", None)
     if not callable(identity):
         return None
-    from trace_cli.envs.registry import HINT_SHARE, _takes
+    from trace_cli.envs.registry import HINT_SHARE, takes_param
 
-    if not _takes(factory, HINT_SHARE):  # the registry's own parameter, not the factory's
+    if not takes_param(factory, HINT_SHARE):  # the registry's own parameter, not the factory's
         params = {k: v for k, v in params.items() if k != HINT_SHARE}
     return identity(params)

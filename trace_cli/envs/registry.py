@@ -206,7 +206,7 @@ def make_env(ref: str | dict[str, Any], *, store: Any = None, **params: Any) -> 
             pass
         raise
     share = None
-    if HINT_SHARE in ref_params and not _takes(factory, HINT_SHARE):
+    if HINT_SHARE in ref_params and not takes_param(factory, HINT_SHARE):
         share = _hint_share(name, ref_params.pop(HINT_SHARE))
     _check_params(name, factory, ref_params)
     env = factory(**ref_params)
@@ -226,7 +226,7 @@ def make_env(ref: str | dict[str, Any], *, store: Any = None, **params: Any) -> 
 HINT_SHARE = "hint_share"
 
 
-def _takes(factory: EnvFactory, key: str) -> bool:
+def takes_param(factory: EnvFactory, key: str) -> bool:
     try:
         return key in inspect.signature(factory).parameters
     except (TypeError, ValueError):
